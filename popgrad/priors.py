@@ -1,0 +1,370 @@
+"""Finite priors over transition matrices (DESIGN §1, §6).
+
+A transition matrix ``pi`` is row-stochastic, ``pi[a, b] = π(b | a)``. Its
+stationary distribution ``mu`` (``mu @ pi = mu``) is computed with the
+Grassmann-Taksar-Heyman (GTH) elimination, which uses no subtraction and so
+stays non-negative and accurate even for nearly reducible chains.
+
+In the exact engine a prior is a finite set of atoms ``atoms[k]`` (shape
+``(K, S, S)``) with weights ``weights[k]`` summing to one. A Dirichlet(α)
+prior is represented by ``n_atoms`` row-wise Dirichlet draws from a fixed
+seed; ``symmetrize=True`` closes the atom set under all ``S!`` relabelings
+``σ π σ⁻¹`` (paper Assumption 3). Every population quantity popgrad computes
+is then *exact for that finite prior*.
+
+Diagnostics of the paper's assumptions ("Knowl 10"), per prior:
+
+* ``gamma = S · min_{k,a,b} π_k(b|a)`` (so ``min π ≥ γ/S``);
+* non-degeneracy ``min_k Σ_a ‖π_k(·|a) - μ_k‖² ≥ γ²/S``;
+* permutation symmetry (the weighted atom set is closed under relabeling);
+* uniform mean ``E[π] = 11ᵀ/S``.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "FinitePrior",
+    "PriorDiagnostics",
+    "dirichlet_prior",
+    "stationary_distribution",
+    "relabel",
+    "relabel_closure",
+]
+
+#: Tolerance on row sums of transition matrices.
+ROW_SUM_TOL = 1e-12
+#: Largest number of atoms a relabeling closure may create.
+MAX_CLOSURE_ATOMS = 200_000
+
+
+# ------------------------------------------------------------- stationary
+def stationary_distribution(pi) -> np.ndarray:
+    """Stationary distribution of a row-stochastic matrix by GTH elimination.
+
+    Parameters
+    ----------
+    pi : array_like, shape (S, S) or (K, S, S)
+        Row-stochastic matrix (or stack of them), ``pi[a, b] = π(b | a)``.
+
+    Returns
+    -------
+    mu : ndarray, shape (S,) or (K, S)
+        Non-negative, sums to one, ``mu @ pi = mu``. For a reducible chain
+        the GTH elimination returns one stationary distribution (supported on
+        a closed class).
+    """
+    pi = np.asarray(pi, dtype=np.float64)
+    if pi.ndim == 3:
+        return np.stack([_gth(p) for p in pi]) if len(pi) else np.zeros((0, pi.shape[-1]))
+    if pi.ndim != 2 or pi.shape[0] != pi.shape[1]:
+        raise ValueError(f"transition matrix must be square (S, S), got shape {pi.shape}")
+    return _gth(pi)
+
+
+def _gth(p: np.ndarray) -> np.ndarray:
+    A = np.array(p, dtype=np.float64)
+    n = A.shape[0]
+    # Forward elimination (QuantEcon's gth_solve): only additions,
+    # multiplications and divisions by positive sums.
+    m = n
+    for k in range(n - 1):
+        scale = A[k, k + 1 : m].sum()
+        if scale <= 0.0:
+            # States k+1.. are unreachable from k: {0..k} holds a closed class.
+            m = k + 1
+            break
+        A[k + 1 : m, k] /= scale
+        A[k + 1 : m, k + 1 : m] += np.outer(A[k + 1 : m, k], A[k, k + 1 : m])
+    x = np.zeros(n)
+    x[m - 1] = 1.0
+    for k in range(m - 2, -1, -1):
+        x[k] = x[k + 1 : m] @ A[k + 1 : m, k]
+    return x / x.sum()
+
+
+# --------------------------------------------------------------- relabeling
+def relabel(pi, perm) -> np.ndarray:
+    """Relabel tokens: ``out[σ(a), σ(b)] = pi[a, b]`` (i.e. ``σ π σ⁻¹``)."""
+    pi = np.asarray(pi, dtype=np.float64)
+    perm = np.asarray(perm)
+    out = np.empty_like(pi)
+    out[np.ix_(perm, perm)] = pi
+    return out
+
+
+def relabel_closure(atoms, weights=None):
+    """Close a weighted atom set under all ``S!`` token relabelings.
+
+    Each atom ``k`` is replaced by its ``S!`` relabelings, each with weight
+    ``weights[k] / S!``. Returns ``(atoms (K·S!, S, S), weights (K·S!,))``,
+    atoms grouped by source atom, permutations in lexicographic order.
+    """
+    atoms = np.asarray(atoms, dtype=np.float64)
+    K, S, _ = atoms.shape
+    if weights is None:
+        weights = np.full(K, 1.0 / K)
+    n_perm = math.factorial(S)
+    if K * n_perm > MAX_CLOSURE_ATOMS:
+        raise ValueError(
+            f"closing {K} atoms under all {S}! = {n_perm} relabelings would create {K * n_perm} atoms "
+            f"(limit {MAX_CLOSURE_ATOMS}): use symmetrize=False, fewer atoms, or a smaller S"
+        )
+    perms = list(itertools.permutations(range(S)))
+    out = np.empty((K * n_perm, S, S))
+    for k in range(K):
+        for m, perm in enumerate(perms):
+            out[k * n_perm + m] = relabel(atoms[k], perm)
+    w = np.repeat(np.asarray(weights, dtype=np.float64) / n_perm, n_perm)
+    return out, w
+
+
+# ---------------------------------------------------------------- the prior
+class PriorDiagnostics(NamedTuple):
+    """The paper's assumptions on a prior ("Knowl 10"), measured.
+
+    Attributes
+    ----------
+    gamma : float
+        ``S · min π`` over all atoms and entries: ``min π ≥ γ/S`` holds with
+        this ``γ`` (0 when some transition is impossible).
+    nondegeneracy : float
+        ``min_k Σ_a ‖π_k(·|a) - μ_k‖²`` (paper: ``≥ γ²/S``).
+    nondegenerate : bool
+        Whether ``nondegeneracy ≥ gamma² / S``.
+    symmetric : bool or None
+        Whether the weighted atom set is closed under all relabelings
+        (``None`` when ``S > 7``: not checked).
+    uniform_mean_error : float
+        ``max |E[π] - 1/S|`` over entries.
+    uniform_mean : bool
+        Whether ``uniform_mean_error ≤ 1e-12``.
+    """
+
+    gamma: float
+    nondegeneracy: float
+    nondegenerate: bool
+    symmetric: object
+    uniform_mean_error: float
+    uniform_mean: bool
+
+    def summary(self) -> str:
+        sym = "not checked (S > 7)" if self.symmetric is None else str(self.symmetric)
+        return (
+            f"gamma={self.gamma:.4g} (min pi = gamma/S), "
+            f"non-degeneracy={self.nondegeneracy:.4g} (>= gamma^2/S: {self.nondegenerate}), "
+            f"relabeling-symmetric={sym}, "
+            f"uniform mean={self.uniform_mean} (max |E[pi]-1/S| = {self.uniform_mean_error:.3g})"
+        )
+
+
+class FinitePrior:
+    """A finite prior over ``S×S`` transition matrices.
+
+    Parameters
+    ----------
+    atoms : array_like, shape (K, S, S) or (S, S)
+        Row-stochastic matrices ``atoms[k, a, b] = π_k(b | a)``: finite,
+        non-negative, every row summing to one within ``1e-12``.
+    weights : array_like, shape (K,), optional
+        Non-negative, summing to one within ``1e-12``. Default: uniform.
+
+    Raises
+    ------
+    ValueError
+        Naming the offending atom/row and the fix.
+    """
+
+    __slots__ = ("_atoms", "_weights", "_mu", "_symmetric")
+
+    def __init__(self, atoms, weights=None):
+        atoms = np.array(atoms, dtype=np.float64)
+        if atoms.ndim == 2:
+            atoms = atoms[None]
+        if atoms.ndim != 3 or atoms.shape[1] != atoms.shape[2] or atoms.shape[0] < 1:
+            raise ValueError(
+                f"atoms must have shape (K, S, S) with K >= 1 (a stack of square transition matrices), "
+                f"got shape {atoms.shape}"
+            )
+        K, S, _ = atoms.shape
+        if S < 2:
+            raise ValueError(f"the alphabet needs S >= 2 tokens, got S = {S}")
+        if not np.all(np.isfinite(atoms)):
+            k = int(np.argwhere(~np.isfinite(atoms))[0, 0])
+            raise ValueError(f"atoms[{k}] has non-finite entries: transition probabilities must be finite")
+        if np.any(atoms < 0):
+            k, a, b = (int(x) for x in np.argwhere(atoms < 0)[0])
+            raise ValueError(
+                f"atoms[{k}][{a}, {b}] = {atoms[k, a, b]:.3g} is negative: transition probabilities must be >= 0"
+            )
+        rows = atoms.sum(axis=2)
+        bad = np.abs(rows - 1.0) > ROW_SUM_TOL
+        if np.any(bad):
+            k, a = (int(x) for x in np.argwhere(bad)[0])
+            raise ValueError(
+                f"row {a} of atoms[{k}] sums to {rows[k, a]!r}, not 1 (tolerance {ROW_SUM_TOL}): "
+                "each row pi[a, :] = pi(. | a) must be a probability distribution (divide rows by their sums)"
+            )
+        if weights is None:
+            weights = np.full(K, 1.0 / K)
+        else:
+            weights = np.array(weights, dtype=np.float64).reshape(-1)
+            if weights.shape != (K,):
+                raise ValueError(f"weights must have shape ({K},) to match the {K} atoms, got {weights.shape}")
+            if not np.all(np.isfinite(weights)) or np.any(weights < 0):
+                raise ValueError("weights must be finite and non-negative")
+            if abs(weights.sum() - 1.0) > ROW_SUM_TOL:
+                raise ValueError(
+                    f"weights sum to {weights.sum()!r}, not 1 (tolerance {ROW_SUM_TOL}): normalise them"
+                )
+        atoms.setflags(write=False)
+        weights.setflags(write=False)
+        self._atoms = atoms
+        self._weights = weights
+        self._mu = None
+        self._symmetric = None
+
+    # ------------------------------------------------------------ properties
+    @property
+    def atoms(self) -> np.ndarray:
+        """Read-only ``(K, S, S)`` float64 transition matrices."""
+        return self._atoms
+
+    @property
+    def weights(self) -> np.ndarray:
+        """Read-only ``(K,)`` float64 prior weights (sum to one)."""
+        return self._weights
+
+    @property
+    def K(self) -> int:
+        """Number of atoms."""
+        return int(self._atoms.shape[0])
+
+    @property
+    def S(self) -> int:
+        """Alphabet size."""
+        return int(self._atoms.shape[1])
+
+    @property
+    def stationary(self) -> np.ndarray:
+        """Read-only ``(K, S)`` stationary distributions (GTH), rows sum to one."""
+        if self._mu is None:
+            mu = stationary_distribution(self._atoms)
+            mu.setflags(write=False)
+            self._mu = mu
+        return self._mu
+
+    def mean(self) -> np.ndarray:
+        """``E[π]`` under the prior, shape ``(S, S)``."""
+        return np.einsum("k,kab->ab", self._weights, self._atoms)
+
+    # ----------------------------------------------------------- diagnostics
+    def is_relabeling_closed(self, tol: float = 1e-10):
+        """Whether the weighted atom set is invariant under every relabeling.
+
+        Identical atoms (within ``tol``) are merged with their weights summed;
+        the prior is closed when every relabeling maps each merged atom onto a
+        merged atom of the same weight. Returns ``None`` for ``S > 7``.
+        """
+        if self.S > 7:
+            return None
+        if self._symmetric is None:
+            self._symmetric = _closed_under_relabeling(self._atoms, self._weights, tol)
+        return self._symmetric
+
+    def diagnostics(self) -> PriorDiagnostics:
+        """Measure the paper's assumptions on this prior (DESIGN §6)."""
+        S = self.S
+        gamma = float(S * self._atoms.min())
+        dev = self._atoms - self.stationary[:, None, :]
+        nondeg = float((dev**2).sum(axis=(1, 2)).min())
+        mean_err = float(np.abs(self.mean() - 1.0 / S).max())
+        return PriorDiagnostics(
+            gamma=gamma,
+            nondegeneracy=nondeg,
+            nondegenerate=bool(nondeg >= gamma**2 / S),
+            symmetric=self.is_relabeling_closed(),
+            uniform_mean_error=mean_err,
+            uniform_mean=bool(mean_err <= 1e-12),
+        )
+
+    def summary(self) -> str:
+        return f"FinitePrior S={self.S} K={self.K} atoms\n  " + self.diagnostics().summary()
+
+    def __repr__(self):
+        return f"FinitePrior(S={self.S}, K={self.K})"
+
+
+def _closed_under_relabeling(atoms, weights, tol) -> bool:
+    K, S, _ = atoms.shape
+    flat = atoms.reshape(K, -1)
+    # merge identical atoms
+    rep = []  # representative indices
+    rep_w = []
+    for k in range(K):
+        for r_i, r in enumerate(rep):
+            if np.abs(flat[k] - flat[r]).max() <= tol:
+                rep_w[r_i] += weights[k]
+                break
+        else:
+            rep.append(k)
+            rep_w.append(float(weights[k]))
+    reps = flat[rep]
+    rep_w = np.array(rep_w)
+    for perm in itertools.permutations(range(S)):
+        moved = np.stack([relabel(atoms[r], perm).reshape(-1) for r in rep])
+        dist = np.abs(moved[:, None, :] - reps[None, :, :]).max(axis=2)
+        match = dist <= tol
+        if not np.all(match.any(axis=1)):
+            return False
+        j = match.argmax(axis=1)
+        if np.abs(rep_w[j] - rep_w).max() > 1e-12:
+            return False
+    return True
+
+
+# ----------------------------------------------------------------- builders
+def dirichlet_prior(S: int, alpha: float, n_atoms: int, seed: int, symmetrize: bool = True) -> FinitePrior:
+    """A finite prior of row-wise Dirichlet(α) transition matrices.
+
+    Parameters
+    ----------
+    S : int
+        Alphabet size, ``>= 2``.
+    alpha : float
+        Dirichlet concentration ``> 0`` for every row (small α: sparse,
+        nearly deterministic rows).
+    n_atoms : int
+        Number of independent draws, ``>= 1``.
+    seed : int
+        Seed of ``numpy.random.default_rng``: the same seed gives the same atoms.
+    symmetrize : bool, default True
+        Close the set under all ``S!`` relabelings (``n_atoms · S!`` atoms
+        with equal weights).
+    """
+    if isinstance(S, bool) or not isinstance(S, (int, np.integer)) or S < 2:
+        raise ValueError(f"S must be an integer >= 2, got {S!r}")
+    try:
+        alpha = float(alpha)
+    except (TypeError, ValueError):
+        raise ValueError(f"alpha must be a positive number, got {alpha!r}") from None
+    if not (np.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"alpha must be a positive finite Dirichlet concentration, got {alpha}")
+    if isinstance(n_atoms, bool) or not isinstance(n_atoms, (int, np.integer)) or n_atoms < 1:
+        raise ValueError(f"n_atoms must be an integer >= 1, got {n_atoms!r}")
+    rng = np.random.default_rng(seed)
+    atoms = rng.dirichlet(np.full(S, alpha), size=(int(n_atoms), int(S)))
+    # Renormalise to remove the last-ulp drift of the sampler.
+    atoms = atoms / atoms.sum(axis=2, keepdims=True)
+    if not np.all(np.isfinite(atoms)):
+        raise ValueError(
+            f"Dirichlet draws with alpha={alpha} underflowed to NaN; use a larger alpha"
+        )
+    if symmetrize:
+        atoms, weights = relabel_closure(atoms)
+        return FinitePrior(atoms, weights)
+    return FinitePrior(atoms)

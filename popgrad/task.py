@@ -1,0 +1,260 @@
+"""The task: causal graph + prior, and its exact sequence weights (DESIGN §2).
+
+Given ``π``: roots other than the query draw ``s_i ~ μ_π``; a non-root draws
+``s_i ~ π(· | s_{p(i)})``; the query draws ``s_{T-1} ~ Unif([S])``; the
+target is the whole distribution ``π(· | s_{T-1})`` (a soft label). For each
+sequence ``s ∈ [S]^T`` and token ``c`` the exact joint weight is::
+
+    w(s, c) = Σ_k weights[k] · P(s | π_k) · π_k(c | s_{T-1}),
+    P(s | π) = (1/S) · Π_{roots i < T-1} μ_π(s_i) · Π_{non-roots i} π(s_i | s_{p(i)})
+
+and ``Σ_{s,c} w(s, c) = 1``.
+
+Enumeration order: lexicographic with position ``0`` slowest and the query
+position ``T-1`` fastest, i.e. the order of
+``itertools.product(range(S), repeat=T)``; sequence number ``m`` is the
+base-``S`` numeral ``s_0 s_1 … s_{T-1}``.
+"""
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple
+
+import numpy as np
+
+from . import _kernels
+from .graphs import CausalGraph
+from .priors import FinitePrior
+
+__all__ = ["Task", "Sample", "TaskTooLargeError", "DEFAULT_MAX_SEQUENCES", "sequence_weights_numpy"]
+
+#: Default limit on ``S**T`` for exact enumeration (about 3 s per exact
+#: loss-and-gradient evaluation at 10M sequences per second).
+DEFAULT_MAX_SEQUENCES = 2**25
+#: Nominal throughput used to estimate enumeration time in error messages.
+_NOMINAL_SEQ_PER_S = 1e7
+
+
+class TaskTooLargeError(ValueError):
+    """Raised when exact enumeration of ``S**T`` sequences exceeds the limit."""
+
+
+class Sample(NamedTuple):
+    """Monte-Carlo draws from the task's generative process.
+
+    Attributes
+    ----------
+    seqs : ndarray of int64, shape (n, T)
+        Sampled sequences (query token last).
+    targets : ndarray of float64, shape (n, S)
+        The soft label ``π(· | s_{T-1})`` of each draw's transition matrix.
+    atoms : ndarray of int64, shape (n,)
+        Index of the prior atom each draw used.
+    """
+
+    seqs: np.ndarray
+    targets: np.ndarray
+    atoms: np.ndarray
+
+
+class Task:
+    """A causal-structure task: a :class:`CausalGraph` and a :class:`FinitePrior`.
+
+    Parameters
+    ----------
+    graph : CausalGraph
+    prior : FinitePrior
+    max_sequences : int, optional
+        Largest ``S**T`` that :meth:`enumerate` (and every exact computation)
+        accepts. Default :data:`DEFAULT_MAX_SEQUENCES`. Constructing a task
+        never enumerates, so large ``T`` is fine for polynomial-cost
+        quantities (the idealized gradient).
+    """
+
+    __slots__ = ("_graph", "_prior", "_max_sequences")
+
+    def __init__(self, graph: CausalGraph, prior: FinitePrior, max_sequences: int = DEFAULT_MAX_SEQUENCES):
+        if not isinstance(graph, CausalGraph):
+            raise ValueError(f"graph must be a popgrad.CausalGraph, got {type(graph).__name__}")
+        if not isinstance(prior, FinitePrior):
+            raise ValueError(f"prior must be a popgrad.FinitePrior, got {type(prior).__name__}")
+        if isinstance(max_sequences, bool) or not isinstance(max_sequences, (int, np.integer)) or max_sequences < 1:
+            raise ValueError(f"max_sequences must be a positive integer, got {max_sequences!r}")
+        self._graph = graph
+        self._prior = prior
+        self._max_sequences = int(max_sequences)
+
+    # ------------------------------------------------------------ properties
+    @property
+    def graph(self) -> CausalGraph:
+        return self._graph
+
+    @property
+    def prior(self) -> FinitePrior:
+        return self._prior
+
+    @property
+    def S(self) -> int:
+        """Alphabet size."""
+        return self._prior.S
+
+    @property
+    def T(self) -> int:
+        """Sequence length, the query included."""
+        return self._graph.T
+
+    @property
+    def n_sequences(self) -> int:
+        """``S**T``, the number of sequences exact enumeration visits."""
+        return self.S**self.T
+
+    @property
+    def max_sequences(self) -> int:
+        """The enumeration size limit of this task."""
+        return self._max_sequences
+
+    @property
+    def t_eff(self) -> float:
+        """The graph's effective length ``T / max_k L_k``."""
+        return self._graph.t_eff
+
+    @property
+    def default_eps(self) -> float:
+        """The loss perturbation ``T_eff ** -0.5`` (DESIGN §3)."""
+        return self._graph.t_eff ** -0.5
+
+    def kernel_arrays(self):
+        """Contiguous arrays the numba kernels take.
+
+        Returns
+        -------
+        parents : int64 (T,)
+        mu : float64 (K, S)
+            Stationary distribution of every atom.
+        atoms : float64 (K, S, S)
+        prior_w : float64 (K,)
+        """
+        return (
+            np.ascontiguousarray(self._graph.parents, dtype=np.int64),
+            np.ascontiguousarray(self._prior.stationary, dtype=np.float64),
+            np.ascontiguousarray(self._prior.atoms, dtype=np.float64),
+            np.ascontiguousarray(self._prior.weights, dtype=np.float64),
+        )
+
+    # ----------------------------------------------------------- enumeration
+    def check_size(self) -> None:
+        """Raise :class:`TaskTooLargeError` if ``S**T`` exceeds the limit."""
+        n = self.n_sequences
+        if n > self._max_sequences:
+            S, T = self.S, self.T
+            raise TaskTooLargeError(
+                f"exact enumeration of S**T = {S}**{T} = {n:,} sequences exceeds the limit "
+                f"max_sequences = {self._max_sequences:,} (estimated {n / _NOMINAL_SEQ_PER_S:,.1f} s "
+                f"per exact loss-and-gradient evaluation at ~{_NOMINAL_SEQ_PER_S:.0e} sequences/s; "
+                f"memory stays bounded by the chunk size). Ways out: use a smaller S or T, raise the "
+                f"limit with Task(graph, prior, max_sequences=...), or use the idealized gradient "
+                f"(popgrad.idealized_gradient), whose cost is polynomial in T."
+            )
+
+    def enumerate(self, chunk_size: int = 2**16) -> Iterator[tuple]:
+        """Yield every sequence with its exact weights, in chunks.
+
+        Parameters
+        ----------
+        chunk_size : int
+            Largest number of sequences per chunk; memory is
+            ``O(chunk_size · (T + S))``.
+
+        Yields
+        ------
+        seqs : ndarray of int64, shape (n, T)
+            Sequences in lexicographic order (query position fastest).
+        w : ndarray of float64, shape (n, S)
+            ``w[m, c] = w(seqs[m], c)``; over all chunks ``Σ w = 1``.
+
+        Raises
+        ------
+        TaskTooLargeError
+            If ``S**T`` exceeds :attr:`max_sequences`.
+        """
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        self.check_size()
+        parents, mu, atoms, prior_w = self.kernel_arrays()
+        n_total, T, S = self.n_sequences, self.T, self.S
+        for start in range(0, n_total, int(chunk_size)):
+            n = min(int(chunk_size), n_total - start)
+            seqs = np.empty((n, T), dtype=np.int64)
+            w = np.empty((n, S), dtype=np.float64)
+            _kernels.chunk_weights(start, parents, mu, atoms, prior_w, seqs, w)
+            yield seqs, w
+
+    def all_sequences(self):
+        """``(seqs, w)`` for every sequence in one pair of arrays (small tasks)."""
+        chunks = list(self.enumerate(chunk_size=max(1, self.n_sequences)))
+        return chunks[0]
+
+    # -------------------------------------------------------------- sampling
+    def sample(self, n: int, seed) -> Sample:
+        """Draw ``n`` sequences and their soft labels from the generative process.
+
+        An atom ``k`` is drawn with probability ``weights[k]``; positions are
+        filled in increasing order (parents come first): non-query roots from
+        ``μ_k``, non-roots from ``π_k(· | s_{p(i)})``, the query uniformly.
+        Deterministic given ``seed``.
+        """
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
+        rng = np.random.default_rng(seed)
+        prior = self._prior
+        S, T = self.S, self.T
+        parents = self._graph.parents
+        k = rng.choice(prior.K, size=n, p=prior.weights)
+        seqs = np.empty((n, T), dtype=np.int64)
+        mu_cdf = np.cumsum(prior.stationary, axis=1)
+        pi_cdf = np.cumsum(prior.atoms, axis=2)
+        for i in range(T - 1):
+            u = rng.random(n)[:, None]
+            cdf = mu_cdf[k] if parents[i] < 0 else pi_cdf[k, seqs[:, parents[i]]]
+            seqs[:, i] = np.minimum((u >= cdf).sum(axis=1), S - 1)
+        seqs[:, T - 1] = rng.integers(0, S, size=n)
+        targets = prior.atoms[k, seqs[:, T - 1]]
+        return Sample(seqs, targets, k.astype(np.int64))
+
+    # --------------------------------------------------------------- summary
+    def summary(self) -> str:
+        """Human-readable description: graph, prior diagnostics, sizes."""
+        return (
+            f"Task S={self.S} T={self.T} sequences S**T={self.n_sequences:,} "
+            f"(limit {self._max_sequences:,})\n{self._graph.summary()}\n{self._prior.summary()}"
+        )
+
+    def __repr__(self):
+        return f"Task(graph={self._graph!r}, prior={self._prior!r})"
+
+
+def sequence_weights_numpy(seqs, parents, mu, atoms, prior_w) -> np.ndarray:
+    """NumPy reference for the exact weights ``w(s, c)`` of given sequences.
+
+    Parameters
+    ----------
+    seqs : int array (n, T)
+    parents : int array (T,)
+    mu : float64 (K, S)
+    atoms : float64 (K, S, S)
+    prior_w : float64 (K,)
+
+    Returns
+    -------
+    w : float64 (n, S)
+    """
+    seqs = np.asarray(seqs)
+    K, S, _ = atoms.shape
+    n, T = seqs.shape
+    p = np.tile((prior_w / S)[:, None], (1, n))  # (K, n)
+    for i in range(T - 1):
+        par = parents[i]
+        if par < 0:
+            p = p * mu[:, seqs[:, i]]
+        else:
+            p = p * atoms[:, seqs[:, par], seqs[:, i]]
+    return np.einsum("kn,knc->nc", p, atoms[:, seqs[:, T - 1], :])
