@@ -17,7 +17,7 @@ $(STAMP): setup.cfg setup.py
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/popgrad run
+	$(VENV)/bin/popgrad summary
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -17,6 +17,7 @@ base-``S`` numeral ``s_0 s_1 … s_{T-1}``.
 """
 from __future__ import annotations
 
+import math
 from typing import Iterator, NamedTuple
 
 import numpy as np
@@ -146,9 +147,14 @@ class Task:
         n = self.n_sequences
         if n > self._max_sequences:
             S, T = self.S, self.T
+            if n < 10**15:
+                count, seconds = f"{n:,}", f"{n / _NOMINAL_SEQ_PER_S:,.1f}"
+            else:  # too large for a float: give orders of magnitude
+                count = f"about 10^{T * math.log10(S):.0f}"
+                seconds = f"about 10^{T * math.log10(S) - math.log10(_NOMINAL_SEQ_PER_S):.0f}"
             raise TaskTooLargeError(
-                f"exact enumeration of S**T = {S}**{T} = {n:,} sequences exceeds the limit "
-                f"max_sequences = {self._max_sequences:,} (estimated {n / _NOMINAL_SEQ_PER_S:,.1f} s "
+                f"exact enumeration of S**T = {S}**{T} = {count} sequences exceeds the limit "
+                f"max_sequences = {self._max_sequences:,} (estimated {seconds} s "
                 f"per exact loss-and-gradient evaluation at ~{_NOMINAL_SEQ_PER_S:.0e} sequences/s; "
                 f"memory stays bounded by the chunk size). Ways out: use a smaller S or T, raise the "
                 f"limit with Task(graph, prior, max_sequences=...), or use the idealized gradient "
