@@ -17,7 +17,7 @@ $(STAMP): setup.cfg setup.py
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/popgrad summary
+	$(VENV)/bin/popgrad run
 
 test: $(STAMP)
 	$(PY) -m pytest -q

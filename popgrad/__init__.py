@@ -19,6 +19,29 @@ from .priors import (
     stationary_distribution,
 )
 from .task import DEFAULT_MAX_SEQUENCES, Sample, Task, TaskTooLargeError
+from .model import predict
+from .exact import (
+    LossAndGrad,
+    bayes_loss,
+    construction_loss,
+    count_estimator_loss,
+    exact_loss,
+    exact_loss_and_grad,
+    optimal_loss,
+)
+from .information import (
+    Assumptions,
+    ChainInformation,
+    assumptions,
+    chain_information,
+    idealized_grad_A1,
+    idealized_gradient,
+    idealized_gradient_single,
+    pairwise_joint,
+)
+from .dpi import DpiReport, bound_readings, dpi_report, dpi_report_pi
+from .dynamics import TrainConfig, Trajectory, train_two_stage
+from . import checks
 
 __version__ = "0.1.0"
 
@@ -38,4 +61,28 @@ __all__ = [
     "Sample",
     "TaskTooLargeError",
     "DEFAULT_MAX_SEQUENCES",
+    "predict",
+    "LossAndGrad",
+    "exact_loss_and_grad",
+    "exact_loss",
+    "optimal_loss",
+    "bayes_loss",
+    "count_estimator_loss",
+    "construction_loss",
+    "idealized_gradient",
+    "idealized_gradient_single",
+    "idealized_grad_A1",
+    "pairwise_joint",
+    "chain_information",
+    "ChainInformation",
+    "assumptions",
+    "Assumptions",
+    "dpi_report",
+    "dpi_report_pi",
+    "DpiReport",
+    "bound_readings",
+    "TrainConfig",
+    "Trajectory",
+    "train_two_stage",
+    "checks",
 ]

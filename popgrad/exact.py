@@ -1,0 +1,604 @@
+"""Exact population loss and gradients, and the exact reference losses.
+
+Everything here is a finite sum over all ``S**T`` sequences with their exact
+weights ``w(s, c)`` (DESIGN §2): no sampling. The population is exact *for
+the task's finite prior*.
+
+Loss and gradient (DESIGN §3–§4), with ``q = s_{T-1}``::
+
+    P    = softmax_rows(MASK(A1)),  u_i = Σ_j P[i,j] A2[q, s_j],  a = softmax(u)
+    f_c  = Σ_i a_i [s_i = c]
+    L    = -Σ_s Σ_c w(s,c) log(f_c(s) + ε)                 ε = T_eff^(-1/2) by default
+    r_c  = -w(s,c) / (f_c + ε),  r̄ = Σ_c f_c r_c,  δ_i = a_i (r_{s_i} - r̄)
+    G[i,j]      = Σ_s δ_i A2[q, s_j]                       (j ≤ i; G = ∂L/∂P)
+    dA2[q, b]   = Σ_s Σ_j [s_j = b] Σ_i δ_i P[i, j]
+    dA1[i, :]   = P[i,:] ⊙ (G[i,:] - <P[i,:], G[i,:]>)      (softmax Jacobian, once, after the sum)
+
+Terms with ``w(s, c) = 0`` contribute nothing (``0 · log 0 = 0``).
+
+Engines
+-------
+``exact_loss_and_grad`` runs a numba kernel (:mod:`popgrad._kernels`):
+
+* ``"prefix"`` (default): enumerates the tree of prefixes depth first (the
+  query, fastest in the enumeration order, innermost) and computes what
+  depends on ``s_0 … s_d`` once per prefix: the per-atom weight products,
+  the layer-2 exponentials as running products of a precomputed table
+  ``exp(P[i,j] (A2[q,b] - max_b A2[q,b]))`` (no ``exp`` in the loop), the
+  softmax normaliser and the output numerators as running sums. The
+  weights of the last few positions are batched into one small matrix
+  product per subtree, and the backward pass is accumulated per subtree
+  (only ``S²`` numbers per depth for the rows already fixed), so a
+  sequence costs ``O(S + K)`` instead of ``O(T² + K·T)``. It needs the
+  exponentials of the row ranges of ``A2`` far from underflow: used when
+  ``max_q (max_b A2[q,b] - min_b A2[q,b]) ≤ A2_RANGE_LIMIT = 500``.
+* ``"direct"``: one fused per-sequence loop with ``T``-vectors (``O(T²)`` per
+  sequence, weights from :func:`popgrad._kernels.sequence_weight_row`) and
+  the per-sequence max shift of the softmax: safe for any finite ``A2``;
+  used when the range exceeds 500 (e.g. the Knowl-8 construction at large
+  ``β2``).
+
+Measured on the 2-core benchmark machine, S=3, T=12, K=48 atoms (531,441
+sequences, ``benchmarks/bench_exact.py``), sequences per second of one exact
+loss and gradient: ``"prefix"`` ≈ 32 M/s, the fused per-sequence
+``"direct"`` kernel ≈ 2.8 M/s, BLAS per chunk (numba weights, then
+``V Pᵀ``, ``Δᵀ V``, ``Δ P`` by NumPy/BLAS on chunks of 65,536 sequences)
+≈ 1.5 M/s, the NumPy reference ≈ 0.5 M/s. BLAS loses because the products
+are ``N×T`` by ``T×T`` with ``T ≤ 20``: too thin to amortise materialising
+``Δ`` and ``V`` and the elementwise passes over them (threaded BLAS is
+slower still); the fused loop avoids that traffic, and the prefix engine
+removes most of the arithmetic (about 20× over the fused loop).
+
+Determinism: both kernels split the enumeration into a fixed number of
+blocks that depends on ``S`` and ``T`` only; each block writes its own slot
+and the slots are summed in block order. Results are bit-identical for any
+thread count (``NUMBA_NUM_THREADS``) and between calls. Tasks below
+``PARALLEL_MIN_SEQUENCES`` run the same blocks on the calling thread
+(waking the thread pool costs more than it saves there).
+
+Reference losses (DESIGN §7)
+----------------------------
+* :func:`optimal_loss` ``L* = -E_π[(1/S) Σ_{a,b} π(b|a) log π(b|a)]`` (knows π);
+* :func:`bayes_loss` ``H(y | s) = -Σ_s Σ_c w log(w / Σ_c' w)``;
+* :func:`count_estimator_loss`: the in-context transition-count estimator of
+  "Knowl 8", and :func:`construction_loss`: the model's exact loss at
+  ``A1 = β1·adjacency``, ``A2 = β2·I``.
+
+``L* ≤ L_Bayes ≤ L(A1, A2)`` when ``ε = 0``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _kernels
+from .model import _check_square, first_layer_attention, softmax
+from .task import Task, sequence_weights_numpy
+
+__all__ = [
+    "LossAndGrad",
+    "exact_loss_and_grad",
+    "exact_loss",
+    "exact_loss_and_grad_numpy",
+    "optimal_loss",
+    "bayes_loss",
+    "count_estimator_loss",
+    "count_estimator_predict",
+    "construction_loss",
+]
+
+#: The prefix engine is used while every row of ``A2`` spans at most this
+#: range: its exponentials stay ``≥ exp(-500) ≈ 7e-218`` (far from
+#: underflow) and its backward intermediates ``(r_c - r̄)/Z`` stay
+#: ``≤ 2·exp(500)`` when ``ε = 0`` (``≤ 2·exp(500)/ε`` otherwise).
+A2_RANGE_LIMIT = 500.0
+#: Smallest number of sequences per block of the prefix engine (blocks are
+#: whole subtrees, so they hold ``S**m`` sequences for some ``m``).
+PREFIX_BLOCK_SEQUENCES = 4096
+#: Leaf groups (prefixes ``s_0 … s_{T-2}``) whose weights the prefix engine
+#: computes in one batch (a power of ``S`` at least this large, if the block allows).
+PREFIX_BATCH_GROUPS = 64
+#: Largest factor table ``Q`` of the prefix engine, in float64 entries (2 MB).
+PREFIX_TABLE_MAX = 2**18
+#: Smaller tasks run on the calling thread: waking the thread pool costs
+#: more than it saves (and a scheduler tick when other processes compete).
+PARALLEL_MIN_SEQUENCES = 2**15
+#: Smallest number of sequences per block of the direct engine.
+DIRECT_BLOCK_SEQUENCES = 4096
+#: Largest number of blocks (one ``T×T`` slot each) of either engine.
+MAX_BLOCKS = 1024
+#: Sequences per chunk of the NumPy reference and the reference losses.
+NUMPY_CHUNK = 2**14
+
+
+class LossAndGrad(NamedTuple):
+    """Exact population loss and its gradients (immutable).
+
+    Attributes
+    ----------
+    loss : float
+        ``L = -Σ_s Σ_c w(s, c) log(f_c(s) + ε)``; ``inf`` when ``ε = 0`` and a
+        token with positive weight gets zero predicted mass.
+    dA1 : ndarray of float64, shape (T, T)
+        ``∂L/∂A1``; zero above the diagonal, every row sums to 0.
+    dA2 : ndarray of float64, shape (S, S)
+        ``∂L/∂A2``; every row sums to 0.
+    """
+
+    loss: float
+    dA1: np.ndarray
+    dA2: np.ndarray
+
+
+# ================================================================ public API
+def exact_loss_and_grad(task, A1, A2, eps=None) -> LossAndGrad:
+    """Exact population loss and gradients of the reduced model (DESIGN §3–§4).
+
+    Parameters
+    ----------
+    task : Task
+        Graph and finite prior; ``S**T`` must pass ``task.check_size()``.
+    A1 : array_like, shape (T, T)
+        First-layer scores; only the lower triangle (diagonal included) is
+        used. Finite.
+    A2 : array_like, shape (S, S)
+        Second-layer scores. Finite.
+    eps : float, optional
+        Loss perturbation ``ε ≥ 0``; default ``task.default_eps``
+        (``T_eff ** -0.5``). With ``ε = 0`` a token with zero predicted mass
+        and positive weight makes the loss ``inf`` (a ``RuntimeWarning`` is
+        issued and ``dA1``, ``dA2`` are NaN: the gradient is undefined).
+
+    Returns
+    -------
+    LossAndGrad
+        ``loss`` (float), ``dA1`` (T×T, zero above the diagonal), ``dA2`` (S×S).
+
+    Raises
+    ------
+    ValueError
+        On a wrong shape, a non-finite entry or an invalid ``eps``.
+    TaskTooLargeError
+        If ``S**T`` exceeds ``task.max_sequences`` (raised before any work).
+    """
+    A1, A2, eps = _validate(task, A1, A2, eps)
+    return _exact(task, A1, A2, eps, want_grad=True)
+
+
+def exact_loss(task, A1, A2, eps=None) -> float:
+    """Exact population loss only (forward pass; cheaper than :func:`exact_loss_and_grad`).
+
+    Same parameters, conventions and errors as :func:`exact_loss_and_grad`.
+
+    Returns
+    -------
+    float
+        ``L = -Σ_s Σ_c w(s, c) log(f_c(s) + ε)``.
+    """
+    A1, A2, eps = _validate(task, A1, A2, eps)
+    return _exact(task, A1, A2, eps, want_grad=False).loss
+
+
+def exact_loss_and_grad_numpy(task, A1, A2, eps=None) -> LossAndGrad:
+    """Plain-NumPy reference of :func:`exact_loss_and_grad` (same result, slower).
+
+    Enumerates sequences in chunks of :data:`NUMPY_CHUNK` with weights from
+    :func:`popgrad.task.sequence_weights_numpy` and implements DESIGN §3–§4
+    literally with whole-chunk arrays: ``V[n, j] = A2[q_n, s_{n,j}]``,
+    ``u = V Pᵀ``, ``a = softmax(u)``, ``G += Δᵀ V``, ``E = Δ P`` scattered
+    into ``dA2[q, s_j]``, and the softmax Jacobian once at the end.
+    Independent of the numba kernels; the tests compare the two.
+    """
+    A1, A2, eps = _validate(task, A1, A2, eps)
+    P = first_layer_attention(A1)
+    loss, G, dA2 = _numpy_sums(task, P, A2, eps, 0, task.n_sequences)
+    return _finish(loss, G, dA2, P)
+
+
+def optimal_loss(task, eps=0.0) -> float:
+    """``L* = -E_π[(1/S) Σ_{a,b} π(b|a) log π(b|a)]``: the loss of a predictor that knows π.
+
+    Exact for the finite prior (a sum over atoms, ``0 log 0 = 0``); no
+    enumeration.
+
+    Parameters
+    ----------
+    task : Task
+    eps : float, default 0
+        ``0`` gives ``L*`` of DESIGN §7. ``ε > 0`` gives the perturbed loss
+        ``-E_π[(1/S) Σ_{a,b} π(b|a) log(π(b|a) + ε)]`` of the same oracle
+        predictor, to compare with a model loss at the same ``ε`` (it is
+        then not a lower bound). ``None`` means ``task.default_eps``.
+
+    Returns
+    -------
+    float
+    """
+    _check_task(task)
+    eps = _check_eps(task, eps)
+    atoms = task.prior.atoms
+    with np.errstate(divide="ignore", invalid="ignore"):
+        plogp = np.where(atoms > 0, atoms * np.log(np.where(atoms > 0, atoms, 1.0) + eps), 0.0)
+    return float(-np.dot(task.prior.weights, plogp.sum(axis=(1, 2))) / task.S)
+
+
+def bayes_loss(task, eps=0.0) -> float:
+    """Bayes loss ``H(y | s) = -Σ_s Σ_c w(s,c) log(w(s,c) / Σ_c' w(s,c'))``.
+
+    The conditional entropy of the target given the sequence under the
+    finite prior: the smallest loss any predictor of ``s`` can reach
+    (``ε = 0``). Terms with ``w = 0`` are 0.
+
+    Parameters
+    ----------
+    task : Task
+    eps : float, default 0
+        ``0`` gives ``H(y | s)`` of DESIGN §7. ``ε > 0`` gives the perturbed
+        loss ``-Σ w log(w/Σ_c' w + ε)`` of the same (posterior-predictive)
+        predictor, to compare with a model loss at the same ``ε`` (it is
+        then not a lower bound). ``None`` means ``task.default_eps``.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    TaskTooLargeError
+        If ``S**T`` exceeds ``task.max_sequences``.
+    """
+    _check_task(task)
+    eps = _check_eps(task, eps)
+    task.check_size()
+    total = 0.0
+    for _, w in task.enumerate(chunk_size=NUMPY_CHUNK):
+        ws = w.sum(axis=1, keepdims=True)
+        pos = w > 0
+        total -= float(np.sum(w[pos] * np.log((w / np.where(ws > 0, ws, 1.0))[pos] + eps)))
+    return total
+
+
+def count_estimator_predict(graph, seqs, S, model_limit=False) -> np.ndarray:
+    """The in-context transition-count estimator of "Knowl 8" for given sequences.
+
+    With ``q = s_{T-1}`` and the graph's edges ``j → i`` (``j = p(i)``)::
+
+        f_c = #{edges j→i : s_j = q, s_i = c} / #{edges j→i : s_j = q}
+
+    When no edge starts at a ``q`` (zero denominator) the estimator is
+    replaced by the limit of the model itself (below), so that ``f`` is
+    always a distribution.
+
+    **The model limit** (``model_limit=True`` for every sequence): the
+    reduced model at ``A1 = β1·adjacency`` (root rows zero) and
+    ``A2 = β2·I`` converges, as ``β1, β2 → ∞`` with ``β2·exp(-β1) → 0``, to
+    uniform attention over the positions of maximal score, where a non-root
+    ``i`` scores ``[s_{p(i)} = q]`` (layer 1 copies the parent) and a root
+    ``i`` (its layer 1 averages ``s_0 … s_i``) scores
+    ``ρ_i = #{j ≤ i : s_j = q} / (i + 1)``. When some edge matches, that set
+    is the matching children *plus* every root whose whole prefix
+    ``s_0 … s_i`` equals ``q`` (position 0 whenever ``s_0 = q``): an
+    ``O(1/#matches)`` difference from the count estimator that the reduced
+    model cannot avoid (``u_0 = A2[q, s_0]`` for every ``A1``). Otherwise the
+    set is the roots of largest ``ρ_i`` (the query position is a root with
+    ``ρ > 0``).
+
+    Parameters
+    ----------
+    graph : CausalGraph
+    seqs : int array, shape (n, T)
+    S : int
+        Alphabet size.
+    model_limit : bool, default False
+        Return the model limit for every sequence instead of the estimator.
+
+    Returns
+    -------
+    f : ndarray of float64, shape (n, S)
+    """
+    parents = np.asarray(graph.parents)
+    seqs = np.asarray(seqs, dtype=np.int64)
+    n, T = seqs.shape
+    q = seqs[:, T - 1]
+    nr = np.flatnonzero(parents >= 0)
+    roots = np.flatnonzero(parents < 0)
+    match = seqs[:, parents[nr]] == q[:, None]  # (n, |nr|)
+    is_q = seqs == q[:, None]
+    rho = np.cumsum(is_q, axis=1)[:, roots] / (roots + 1.0)  # exact order: distinct rationals, denominators ≤ T
+    score = np.zeros((n, T))
+    score[:, nr] = match
+    score[:, roots] = rho
+    top = score == score.max(axis=1, keepdims=True)
+    onehot = seqs[:, :, None] == np.arange(S)
+    f_limit = np.einsum("ni,nic->nc", top.astype(np.float64), onehot) / top.sum(axis=1)[:, None]
+    if model_limit:
+        return f_limit
+    den = match.sum(axis=1)
+    num = np.einsum("ni,nic->nc", match.astype(np.float64), onehot[:, nr, :])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = num / den[:, None]
+    empty = den == 0
+    f[empty] = f_limit[empty]
+    return f
+
+
+def count_estimator_loss(task, eps=None, model_limit=False) -> float:
+    """Exact loss of the in-context transition-count estimator ("Knowl 8").
+
+    ``L = -Σ_s Σ_c w(s,c) log(f̂_c(s) + ε)`` with ``f̂`` from
+    :func:`count_estimator_predict` (the estimator; on sequences where no
+    edge starts at the query token, the model's ``β → ∞`` limit). The
+    perturbed loss with the same ``ε`` as the model is used so the two are
+    comparable: the estimator often predicts 0 for a possible token, so
+    with ``ε = 0`` this loss is usually ``inf`` (RuntimeWarning).
+
+    Parameters
+    ----------
+    task : Task
+    eps : float, optional
+        Default ``task.default_eps``.
+    model_limit : bool, default False
+        Score the model's ``β1, β2 → ∞`` limit on every sequence instead:
+        this is the limit of :func:`construction_loss`.
+
+    Returns
+    -------
+    float
+    """
+    _check_task(task)
+    eps = _check_eps(task, eps)
+    task.check_size()
+    total = 0.0
+    S = task.S
+    for seqs, w in task.enumerate(chunk_size=NUMPY_CHUNK):
+        f = count_estimator_predict(task.graph, seqs, S, model_limit=model_limit)
+        pos = w > 0
+        with np.errstate(divide="ignore"):
+            total -= float(np.sum(w[pos] * np.log(f[pos] + eps)))
+    if math.isinf(total):
+        _warn_inf("count_estimator_loss")
+    return total
+
+
+def construction_loss(task, beta1, beta2, eps=None) -> float:
+    """Exact loss of the model at the "Knowl 8" construction.
+
+    ``A1 = β1 · adjacency`` (``A1[i, p(i)] = β1``, root rows zero) and
+    ``A2 = β2 · I``. As ``β1, β2 → ∞`` with ``β2·exp(-β1) → 0`` it converges
+    to ``count_estimator_loss(task, eps, model_limit=True)``.
+
+    Parameters
+    ----------
+    task : Task
+    beta1, beta2 : float
+        Finite scales.
+    eps : float, optional
+        Default ``task.default_eps``.
+
+    Returns
+    -------
+    float
+    """
+    _check_task(task)
+    b1 = _check_real(beta1, "beta1")
+    b2 = _check_real(beta2, "beta2")
+    A1 = b1 * task.graph.adjacency()
+    A2 = b2 * np.eye(task.S)
+    return exact_loss(task, A1, A2, eps)
+
+
+# ============================================================ implementation
+def _exact(task, A1, A2, eps, want_grad, engine=None) -> LossAndGrad:
+    """Run a numba engine on validated input; ``engine`` in {None, "prefix", "direct"}."""
+    task.check_size()
+    S, T = task.S, task.T
+    P = first_layer_attention(A1)
+    A2 = np.ascontiguousarray(A2, dtype=np.float64)
+    if engine is None:
+        engine = "prefix" if float(np.max(A2.max(axis=1) - A2.min(axis=1))) <= A2_RANGE_LIMIT else "direct"
+    parents, mu, atoms, prior_w = task.kernel_arrays()
+    if engine == "prefix":
+        n_fixed = _prefix_n_fixed(S, T)
+        h, ctx_pos = _prefix_batch_plan(parents, S, T, n_fixed, atoms.shape[0])
+        n_blocks = S**n_fixed
+        loss_s, G_s, dA2_s = _slots(n_blocks, T, S)
+        K = atoms.shape[0]
+        fac = np.empty((T - 1, S, S, K))
+        for d in range(T - 1):
+            fac[d] = mu.T[None, :, :] if parents[d] < 0 else atoms.transpose(1, 2, 0)
+        Q = _batch_factor_table(parents, mu, atoms, T - 1 - h, h, ctx_pos)
+        wtab = np.ascontiguousarray(atoms.reshape(K, S * S))
+        shift = A2.max(axis=1)
+        # X[j, b, q, i] = exp(P[i, j] (A2[q, b] - shift[q]))
+        X = np.exp(P.T[:, None, None, :] * (A2 - shift[:, None]).T[None, :, :, None])
+        kernel = _kernels.loss_grad_prefix if _parallel(n_blocks, S**T) else _kernels.loss_grad_prefix_serial
+        kernel(parents, fac, prior_w / S, wtab, Q, ctx_pos, X, P, A2, float(eps), n_fixed, bool(want_grad),
+               loss_s, G_s, dA2_s)
+    elif engine == "direct":
+        n_total = S**T
+        block_size = max(DIRECT_BLOCK_SEQUENCES, -(-n_total // MAX_BLOCKS))
+        n_blocks = -(-n_total // block_size)
+        loss_s, G_s, dA2_s = _slots(n_blocks, T, S)
+        kernel = _kernels.loss_grad_direct if _parallel(n_blocks, n_total) else _kernels.loss_grad_direct_serial
+        kernel(parents, mu, atoms, prior_w, P, A2, float(eps), block_size, bool(want_grad), loss_s, G_s, dA2_s)
+    else:
+        raise ValueError(f"engine must be 'prefix' or 'direct', got {engine!r}")
+    loss = float(_kernels.sum_slots(loss_s, G_s, dA2_s))  # in block order; totals land in slot 0
+    G, dA2 = G_s[0], dA2_s[0]
+    if not want_grad:
+        if math.isinf(loss):
+            _warn_inf("exact_loss")
+        return LossAndGrad(loss, None, None)
+    return _finish(loss, G, dA2, P)
+
+
+def _parallel(n_blocks, n_sequences) -> bool:
+    """Use the thread pool only when there is enough work (the blocks, hence the bits, are the same)."""
+    return n_blocks > 1 and n_sequences >= PARALLEL_MIN_SEQUENCES
+
+
+def _prefix_n_fixed(S, T) -> int:
+    """Leading positions fixed per block.
+
+    Blocks are whole subtrees of ``≥ PREFIX_BLOCK_SEQUENCES`` sequences, and
+    there are at most ``MAX_BLOCKS`` of them. Depends on ``S`` and ``T`` only.
+    """
+    L = T - 1
+    inner = 0  # free non-query positions per block; a block holds S**(inner + 1) sequences
+    while inner < L and (S ** (inner + 1) < PREFIX_BLOCK_SEQUENCES or S ** (L - inner) > MAX_BLOCKS):
+        inner += 1
+    return L - inner
+
+
+def _prefix_batch_plan(parents, S, T, n_fixed, K):
+    """Batched trailing positions ``h`` and the prefix positions ``ctx_pos`` they depend on.
+
+    Aims at ``S**h ≥ PREFIX_BATCH_GROUPS`` leaf groups per batch, within the
+    block's free positions and with the factor table ``Q`` at most
+    ``PREFIX_TABLE_MAX`` entries.
+    """
+    L = T - 1
+    h = 0
+    while h < L - n_fixed and S**h < PREFIX_BATCH_GROUPS:
+        h += 1
+    while True:
+        Lh = L - h
+        ctx_pos = np.array(sorted({int(p) for p in parents[Lh:L] if 0 <= p < Lh}), dtype=np.int64)
+        if h == 0 or S ** (len(ctx_pos) + h) * K <= PREFIX_TABLE_MAX:
+            return h, ctx_pos
+        h -= 1
+
+
+def _batch_factor_table(parents, mu, atoms, Lh, h, ctx_pos):
+    """``Q[ctx, k, g] = Π_{t<h} fac[Lh+t, a_t, g_t, k]`` (see :func:`popgrad._kernels.loss_grad_prefix`)."""
+    K, S, _ = atoms.shape
+    n_groups, n_ctx = S**h, S ** len(ctx_pos)
+    g_dig = (np.arange(n_groups)[:, None] // S ** np.arange(h - 1, -1, -1)) % S  # (G, h)
+    c_dig = (np.arange(n_ctx)[:, None] // S ** np.arange(len(ctx_pos) - 1, -1, -1)) % S  # (C, n_ctx)
+    where = {int(p): m for m, p in enumerate(ctx_pos)}
+    Q = np.ones((n_ctx, n_groups, K))
+    for t in range(h):
+        pos = Lh + t
+        par = int(parents[pos])
+        b = g_dig[:, t]
+        if par < 0:
+            Q *= mu[:, b].T[None, :, :]
+        elif par >= Lh:
+            Q *= atoms[:, g_dig[:, par - Lh], b].T[None, :, :]
+        else:
+            a = c_dig[:, where[par]]
+            Q *= atoms[:, a[:, None], b[None, :]].transpose(1, 2, 0)
+    return np.ascontiguousarray(Q.transpose(0, 2, 1))
+
+
+def _slots(n_blocks, T, S):
+    return np.zeros(n_blocks), np.zeros((n_blocks, T, T)), np.zeros((n_blocks, S, S))
+
+
+def _finish(loss, G, dA2, P) -> LossAndGrad:
+    """Apply the layer-1 softmax Jacobian once: ``dA1[i] = P[i] ⊙ (G[i] - <P[i], G[i]>)``."""
+    G = np.tril(G)
+    dA1 = P * (G - np.sum(P * G, axis=1, keepdims=True))
+    dA1 = np.tril(dA1)
+    if math.isinf(loss):
+        _warn_inf("exact_loss_and_grad")
+        dA1 = np.full_like(dA1, np.nan)
+        dA2 = np.full_like(dA2, np.nan)
+    return LossAndGrad(float(loss), dA1, dA2)
+
+
+def _numpy_sums(task, P, A2, eps, start, stop, chunk=NUMPY_CHUNK):
+    """NumPy reference partial sums over sequence numbers ``start … stop-1``.
+
+    Returns ``(loss, G, dA2)`` with ``G = ∂L/∂P`` restricted to those sequences.
+    """
+    S, T = task.S, task.T
+    parents, mu, atoms, prior_w = task.kernel_arrays()
+    powers = S ** np.arange(T - 1, -1, -1, dtype=np.int64)
+    loss = 0.0
+    G = np.zeros((T, T))
+    dA2 = np.zeros(S * S)
+    for c0 in range(start, stop, chunk):
+        idx = np.arange(c0, min(c0 + chunk, stop), dtype=np.int64)
+        seqs = (idx[:, None] // powers) % S
+        w = sequence_weights_numpy(seqs, parents, mu, atoms, prior_w)  # (n, S)
+        q = seqs[:, T - 1]
+        V = A2[q[:, None], seqs]  # (n, T)
+        a = softmax(V @ P.T, axis=1)  # (n, T)
+        f = np.empty((len(idx), S))
+        for c in range(S):
+            f[:, c] = np.sum(a * (seqs == c), axis=1)
+        pos = w > 0
+        fe = f + eps
+        with np.errstate(divide="ignore", invalid="ignore"):
+            loss -= float(np.sum(w[pos] * np.log(fe[pos])))
+            r = np.where(pos, -w / np.where(pos, fe, 1.0), 0.0)
+            rbar = np.sum(f * r, axis=1)
+            delta = a * (np.take_along_axis(r, seqs, axis=1) - rbar[:, None])  # (n, T)
+        G += delta.T @ V
+        E = delta @ P  # E[n, j] = Σ_i δ_i P[i, j]
+        dA2 += np.bincount((q[:, None] * S + seqs).ravel(), weights=E.ravel(), minlength=S * S)
+    return loss, np.tril(G), dA2.reshape(S, S)
+
+
+# ---------------------------------------------------------------- validation
+def _check_task(task):
+    if not isinstance(task, Task):
+        raise ValueError(f"task must be a popgrad.Task (graph + prior), got {type(task).__name__}")
+
+
+def _check_real(x, name) -> float:
+    if isinstance(x, bool):
+        raise ValueError(f"{name} must be a finite real number, got {x!r}")
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite real number, got {x!r}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    return v
+
+
+def _check_eps(task, eps) -> float:
+    if eps is None:
+        return float(task.default_eps)
+    if isinstance(eps, bool):
+        raise ValueError(f"eps must be a finite number >= 0 (or None for T_eff**-0.5), got {eps!r}")
+    try:
+        v = float(eps)
+    except (TypeError, ValueError):
+        raise ValueError(f"eps must be a finite number >= 0 (or None for T_eff**-0.5), got {eps!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"eps must be a finite number >= 0 (or None for T_eff**-0.5), got {v}")
+    return v
+
+
+def _validate(task, A1, A2, eps):
+    _check_task(task)
+    A1 = _check_square(A1, "A1")
+    A2 = _check_square(A2, "A2")
+    T, S = task.T, task.S
+    if A1.shape != (T, T):
+        raise ValueError(f"A1 must have shape (T, T) = ({T}, {T}) for this task, got {A1.shape}")
+    if A2.shape != (S, S):
+        raise ValueError(f"A2 must have shape (S, S) = ({S}, {S}) for this task, got {A2.shape}")
+    return A1, A2, _check_eps(task, eps)
+
+
+def _warn_inf(where):
+    """RuntimeWarning for an infinite loss, attributed to the first caller outside popgrad."""
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(pkg):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(
+        f"{where}: the loss is infinite: with eps = 0 some token has zero predicted mass but positive "
+        "weight (use eps > 0, e.g. eps=None for T_eff**-0.5); gradients are undefined (NaN)",
+        RuntimeWarning,
+        stacklevel=level,
+    )
