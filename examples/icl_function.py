@@ -15,7 +15,7 @@ from _common import ensure_out, parser, print_checks
 def main():
     args = parser(__doc__, "examples_out/icl_function").parse_args()
     out = ensure_out(args.out)
-    task = pg.Task(pg.icl_pairs(11), pg.dirichlet_prior(3, 1.0, 8, seed=1))
+    task = pg.Task(pg.icl_pairs(11), pg.dirichlet_prior(3, 1.0, 8, seed=1, uniform_mean=True))
     print(task.summary())
     traj = pg.train_two_stage(task, beta0=1e-3, lr1=2.0, steps1=300, lr2=2.0, steps2=300)
     A1 = traj.A1[traj.stage1_end]

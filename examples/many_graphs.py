@@ -24,7 +24,7 @@ def main():
     p.add_argument("--T", type=int, default=9)
     args = p.parse_args()
     out = ensure_out(args.out)
-    prior = pg.dirichlet_prior(3, 1.0, 8, seed=3)
+    prior = pg.dirichlet_prior(3, 1.0, 8, seed=3, uniform_mean=True)
     T = args.T
     attn = np.full((args.graphs, T), np.nan)
     for n in range(args.graphs):

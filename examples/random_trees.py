@@ -15,7 +15,7 @@ from _common import ensure_out, parser, print_checks
 def main():
     args = parser(__doc__, "examples_out/random_trees").parse_args()
     out = ensure_out(args.out)
-    prior = pg.dirichlet_prior(3, 1.0, 8, seed=2)
+    prior = pg.dirichlet_prior(3, 1.0, 8, seed=2, uniform_mean=True)
     for seed in range(3):
         graph = pg.random_tree(9, seed=seed, root_prob=0.15)
         task = pg.Task(graph, prior)

@@ -28,6 +28,7 @@ DEFAULTS = dict(
     alpha=1.0,
     atoms=8,
     seed=0,
+    uniform_mean=False,
     beta0=1e-3,
     lr1=2.0,
     steps1=300,
@@ -53,7 +54,7 @@ class CLIError(Exception):
 # ------------------------------------------------------------------ config
 def _types():
     return {
-        "graph": str, "S": int, "T": int, "alpha": float, "atoms": int, "seed": int, "beta0": float,
+        "graph": str, "S": int, "T": int, "alpha": float, "atoms": int, "seed": int, "uniform_mean": bool, "beta0": float,
         "lr1": float, "steps1": int, "lr2": float, "steps2": int, "gradient": str, "schedule": str,
         "record_every": int, "checkpoint_every": int, "sweep": bool, "out": str, "max_sequences": int,
     }
@@ -133,7 +134,9 @@ def build_task(cfg: dict):
         raise CLIError(f"--alpha {cfg['alpha']} must be > 0 (Dirichlet concentration)")
     graph = build_graph(cfg["graph"], T, cfg["seed"])
     cfg["T"] = graph.T  # a parents string fixes T
-    prior = dirichlet_prior(S, cfg["alpha"], cfg["atoms"], seed=cfg["seed"], symmetrize=True)
+    prior = dirichlet_prior(
+        S, cfg["alpha"], cfg["atoms"], seed=cfg["seed"], symmetrize=True, uniform_mean=cfg["uniform_mean"]
+    )
     return Task(graph, prior, max_sequences=cfg["max_sequences"])
 
 
@@ -219,6 +222,8 @@ def _add_task_flags(p):
     p.add_argument("--alpha", type=float, help="Dirichlet concentration of the prior (default 1.0)")
     p.add_argument("--atoms", type=int, help="Dirichlet draws before relabeling closure (default 8)")
     p.add_argument("--seed", type=int, help="seed of the prior (and of --graph random) (default 0)")
+    p.add_argument("--uniform-mean", dest="uniform_mean", action="store_true", default=None,
+                   help="reweight the prior's draws so that E[pi] = 11^T/S (paper Assumption 3)")
     p.add_argument("--max-sequences", dest="max_sequences", type=int, help="limit on S**T (default 2**25)")
 
 

@@ -328,7 +328,9 @@ def _closed_under_relabeling(atoms, weights, tol) -> bool:
 
 
 # ----------------------------------------------------------------- builders
-def dirichlet_prior(S: int, alpha: float, n_atoms: int, seed: int, symmetrize: bool = True) -> FinitePrior:
+def dirichlet_prior(
+    S: int, alpha: float, n_atoms: int, seed: int, symmetrize: bool = True, uniform_mean: bool = False
+) -> FinitePrior:
     """A finite prior of row-wise Dirichlet(α) transition matrices.
 
     Parameters
@@ -345,6 +347,16 @@ def dirichlet_prior(S: int, alpha: float, n_atoms: int, seed: int, symmetrize: b
     symmetrize : bool, default True
         Close the set under all ``S!`` relabelings (``n_atoms · S!`` atoms
         with equal weights).
+    uniform_mean : bool, default False
+        Reweight the draws so that ``E[π] = 11ᵀ/S`` exactly (paper
+        Assumption 3; needs ``symmetrize=True``). A relabeling-closed prior has
+        ``E[π] = d·I + (1-d)/(S-1)·(11ᵀ - I)`` with ``d`` the mean diagonal
+        entry, so only ``d = 1/S``, i.e. ``Σ_k w_k tr(π_k) = 1``, is needed.
+        The weights are the exponential tilt ``w_k ∝ exp(λ tr π_k)`` of the
+        uniform weights, with ``λ`` found by bisection: the closest weights to
+        uniform (in Kullback-Leibler divergence) that satisfy the constraint.
+        Raises ``ValueError`` if every draw has ``tr π < 1`` (or every
+        ``> 1``): draw more atoms or change the seed.
     """
     if isinstance(S, bool) or not isinstance(S, (int, np.integer)) or S < 2:
         raise ValueError(f"S must be an integer >= 2, got {S!r}")
@@ -364,7 +376,42 @@ def dirichlet_prior(S: int, alpha: float, n_atoms: int, seed: int, symmetrize: b
         raise ValueError(
             f"Dirichlet draws with alpha={alpha} underflowed to NaN; use a larger alpha"
         )
+    if uniform_mean and not symmetrize:
+        raise ValueError("uniform_mean=True needs symmetrize=True (only a relabeling-closed prior has a uniform mean)")
+    draw_weights = _uniform_mean_tilt(atoms) if uniform_mean else None
     if symmetrize:
-        atoms, weights = relabel_closure(atoms)
+        atoms, weights = relabel_closure(atoms, draw_weights)
         return FinitePrior(atoms, weights)
     return FinitePrior(atoms)
+
+
+def _uniform_mean_tilt(atoms) -> np.ndarray:
+    """Weights ``∝ exp(λ tr π_k)`` with ``Σ_k w_k tr π_k = 1`` (see :func:`dirichlet_prior`)."""
+    tr = np.trace(atoms, axis1=1, axis2=2) - 1.0
+    if np.all(np.abs(tr) <= 1e-15):
+        return np.full(len(tr), 1.0 / len(tr))
+    if tr.max() <= 0 or tr.min() >= 0:
+        raise ValueError(
+            f"cannot reweight {len(tr)} draws to a uniform mean: every draw has trace "
+            f"{'<' if tr.max() <= 0 else '>'} 1; draw more atoms (n_atoms) or change the seed"
+        )
+
+    def weights(lam):
+        z = lam * tr
+        e = np.exp(z - z.max())
+        return e / e.sum()
+
+    lo, hi = -1.0, 1.0
+    while weights(lo) @ tr > 0:
+        lo *= 2
+    while weights(hi) @ tr < 0:
+        hi *= 2
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if weights(mid) @ tr > 0:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-15 * max(1.0, abs(mid)):
+            break
+    return weights(0.5 * (lo + hi))

@@ -336,3 +336,21 @@ def test_size_guard_message_for_astronomical_sizes():
     big = pg.Task(pg.chain(1000), pg.dirichlet_prior(3, 1.0, 1, 0))
     with pytest.raises(pg.TaskTooLargeError, match=r"3\*\*1000 = about 10\^477"):
         big.check_size()
+
+
+@pytest.mark.parametrize("S", [2, 3, 4])
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_uniform_mean_reweighting(S, seed):
+    prior = pg.dirichlet_prior(S, 1.0, 8, seed=seed, uniform_mean=True)
+    d = prior.diagnostics()
+    assert d.uniform_mean and d.uniform_mean_error <= 1e-12
+    assert prior.is_relabeling_closed()
+    plain = pg.dirichlet_prior(S, 1.0, 8, seed=seed)
+    np.testing.assert_array_equal(prior.atoms, plain.atoms)  # same draws, new weights only
+
+
+def test_uniform_mean_needs_both_sides_and_symmetry():
+    with pytest.raises(ValueError, match="needs symmetrize=True"):
+        pg.dirichlet_prior(3, 1.0, 4, seed=0, symmetrize=False, uniform_mean=True)
+    with pytest.raises(ValueError, match="every draw has trace"):
+        pg.dirichlet_prior(3, 0.05, 1, seed=0, uniform_mean=True)
