@@ -386,10 +386,11 @@ def train_two_stage(
         record = should_record(t)
         last = t == total
         # --- gradients at the current parameters
-        moves_A2 = cfg.schedule == "joint" or (cfg.steps1 <= t < total)
+        # Stage 2, joint training and the step that starts Stage 2 need the exact gradient.
+        needs_exact = cfg.gradient == "exact" or stage != 1 or cfg.steps1 <= t < total
         loss = float("nan")
         exact = None
-        if moves_A2 or cfg.gradient == "exact":
+        if needs_exact:
             exact = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps)
             loss = exact.loss
         elif record and enumerable:

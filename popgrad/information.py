@@ -99,6 +99,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .graphs import CausalGraph
+from .model import first_layer_attention
 from .priors import FinitePrior, ROW_SUM_TOL, stationary_distribution
 from .task import Task
 
@@ -599,15 +600,6 @@ def idealized_gradient(task: Task, query_row: str = "zero") -> np.ndarray:
     return g
 
 
-def _masked_softmax_rows(A1) -> np.ndarray:
-    """``softmax_rows(MASK(A1))``: row ``i`` over ``j ≤ i``, zero above the diagonal."""
-    T = A1.shape[0]
-    masked = np.where(np.tril(np.ones((T, T), dtype=bool)), A1, -np.inf)
-    masked = masked - masked.max(axis=1, keepdims=True)
-    e = np.exp(masked)
-    return e / e.sum(axis=1, keepdims=True)
-
-
 def idealized_grad_A1(task: Task, A1, beta0: float, g=None, query_row: str = "zero") -> np.ndarray:
     """Predicted Stage-1 gradient ``-(β0/(S·T)) J(P_i) g_i`` for every row (DESIGN §5).
 
@@ -651,7 +643,7 @@ def idealized_grad_A1(task: Task, A1, beta0: float, g=None, query_row: str = "ze
         g = np.asarray(g, dtype=np.float64)
         if g.shape != (T, T):
             raise ValueError(f"g must have shape ({T}, {T}), got {g.shape}: use popgrad.idealized_gradient(task)")
-    P = _masked_softmax_rows(A1)
+    P = first_layer_attention(A1)
     inner = np.sum(P * g, axis=1, keepdims=True)
     return -(beta0 / (S * T)) * (P * (np.tril(g) - inner))
 

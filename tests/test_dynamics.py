@@ -136,6 +136,14 @@ def test_idealized_and_exact_stage1_agree_in_direction(tiny_task):
     assert np.all(np.sign(a.final_A1[nr, tiny_task.graph.parents[nr]]) == np.sign(b.final_A1[nr, tiny_task.graph.parents[nr]]))
 
 
+def test_idealized_stage1_then_exact_stage2(tiny_task):
+    a = pg.train_two_stage(tiny_task, gradient="idealized", beta0=1e-3, steps1=4, steps2=3, record_every=1)
+    assert a.status == "completed" and np.all(np.isfinite(a.loss)) and np.all(np.isfinite(a.grad_norm))
+    # Stage 2 is the same exact descent from the same A1, whichever gradient drove Stage 1
+    b = pg.train_two_stage(tiny_task, gradient="exact", beta0=1e-3, steps1=4, steps2=3, record_every=1)
+    assert np.all(a.A2[:5] == b.A2[:5])
+
+
 def test_joint_schedule_moves_both(tiny_task):
     traj = pg.train_two_stage(tiny_task, schedule="joint", beta0=1e-2, lr1=1e-3, steps1=3, lr2=1.0, steps2=2)
     assert set(traj.stage.tolist()) == {0}
