@@ -935,7 +935,7 @@ class MultiParentTask:
             n = min(int(chunk_size), n_total - start)
             seqs = np.empty((n, T), dtype=np.int64)
             w = np.empty((n, S), dtype=np.float64)
-            _kernels_multi.chunk_weights_multi(start, parents, tp, atoms, pk0, seqs, w)
+            _kernels_multi.chunk_weights_multi(start, parents, tp, atoms, atoms, pk0, seqs, w)
             yield seqs, w
 
     def all_sequences(self):

@@ -36,7 +36,12 @@ def versions() -> dict:
 
 def build_report(config: dict, task, trajectory, checks, references: dict, extra: dict | None = None) -> dict:
     """Assemble the report dictionary (JSON-serialisable)."""
-    diag = task.prior.diagnostics()
+    from .information import assumptions
+
+    try:
+        assume = assumptions(task)._asdict()
+    except ValueError as exc:  # e.g. a reducible atom (mu has a zero): say so instead of failing
+        assume = {"error": str(exc)}
     final_loss = trajectory.loss[np.isfinite(trajectory.loss)]
     return _jsonable(
         {
@@ -49,8 +54,7 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
                 "t_eff": task.t_eff,
                 "n_sequences": task.n_sequences,
                 "prior_atoms": task.prior.K,
-                "prior_diagnostics": diag._asdict(),
-                "root_fraction": task.graph.root_fraction,
+                "assumptions": assume,
                 "note": "every population quantity is exact for this finite prior (its atoms and weights)",
             },
             "references": references,
@@ -90,6 +94,9 @@ def render_markdown(report: dict) -> str:
         f"Task: graph `{t['graph']}`, S = {t['S']}, T = {t['T']}, T_eff = {_fmt(t['t_eff'])}, "
         f"S**T = {t['n_sequences']:,} sequences, prior with {t['prior_atoms']} atoms.",
         f"_{t['note']}._",
+        "",
+        "Paper assumptions (Knowl 10) measured on this task: "
+        + ", ".join(f"{k} = {_fmt(v)}" for k, v in t["assumptions"].items()),
         "",
         "Configuration: " + ", ".join(f"`{k}={v}`" for k, v in cfg.items()),
         "",
