@@ -13,12 +13,12 @@ in sign. Prints a markdown table; ``--markdown PATH`` also writes it.
 """
 import argparse
 import os
-import tempfile
 import time
 
 import numpy as np
 
 import popgrad as pg
+from popgrad._io import atomic_write_text
 from popgrad.exact import exact_loss_and_grad
 from popgrad.information import idealized_grad_A1
 
@@ -57,21 +57,42 @@ def table(cases, beta0=1e-6) -> str:
     return "\n".join(lines)
 
 
+def plot(text, path):
+    """Cosine against T for each S, from the markdown table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from popgrad.plots import save_figure
+
+    rows = [r.split("|")[1:-1] for r in text.splitlines()[2:]]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for S in sorted({int(r[0]) for r in rows}):
+        pts = [(int(r[1]), float(r[4])) for r in rows if int(r[0]) == S]
+        ax.plot(*zip(*pts), marker="o", label=f"S = {S}")
+    ax.set_xlabel("T (chain graph, T_eff = T)")
+    ax.set_ylabel("cos(exact dA1, idealized)")
+    ax.legend()
+    save_figure(fig, path)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--beta0", type=float, default=1e-6)
     p.add_argument("--max-T3", type=int, default=12, help="largest T for S = 3")
     p.add_argument("--max-T2", type=int, default=18, help="largest T for S = 2")
     p.add_argument("--markdown", default=None, help="also write the table to this file (atomically)")
+    p.add_argument("--out", default=None, help="folder for the table (gradient_alignment.md) and its figure")
     args = p.parse_args()
     print(HEADER)
     text = table([(3, range(4, args.max_T3 + 1)), (2, range(4, args.max_T2 + 1))], args.beta0)
     if args.markdown:
-        folder = os.path.dirname(os.path.abspath(args.markdown))
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".md", dir=folder)
-        with os.fdopen(fd, "w") as f:
-            f.write(text + "\n")
-        os.replace(tmp, args.markdown)
+        atomic_write_text(args.markdown, text + "\n")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        atomic_write_text(os.path.join(args.out, "gradient_alignment.md"), text + "\n")
+        plot(text, os.path.join(args.out, "gradient_alignment.png"))
 
 
 if __name__ == "__main__":

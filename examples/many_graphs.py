@@ -15,7 +15,7 @@ import numpy as np
 import popgrad as pg
 from popgrad.plots import save_figure
 
-from _common import ensure_out, parser
+from _common import TRAIN, ensure_out, parser
 
 
 def main():
@@ -29,7 +29,7 @@ def main():
     attn = np.full((args.graphs, T), np.nan)
     for n in range(args.graphs):
         graph = pg.random_tree(T, seed=100 + n, root_prob=0.15)
-        traj = pg.train_two_stage(pg.Task(graph, prior), beta0=1e-3, lr1=2.0, steps1=300, steps2=0)
+        traj = pg.train_two_stage(pg.Task(graph, prior), **dict(TRAIN, steps2=0))
         attn[n] = traj.attn_parent[traj.stage1_end]
     mean = np.nanmean(attn, axis=0)
     lo, hi = np.nanmin(attn, axis=0), np.nanmax(attn, axis=0)

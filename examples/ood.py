@@ -16,14 +16,14 @@ import popgrad as pg
 from popgrad import checks
 from popgrad.plots import save_figure
 
-from _common import ensure_out, parser, print_checks
+from _common import TRAIN, ensure_out, parser, print_checks
 
 
 def main():
     args = parser(__doc__, "examples_out/ood").parse_args()
     out = ensure_out(args.out)
     task = pg.Task(pg.chain(10), pg.dirichlet_prior(3, 1.0, 8, seed=0))
-    traj = pg.train_two_stage(task, beta0=1e-3, lr1=2.0, steps1=300, lr2=2.0, steps2=300)
+    traj = pg.train_two_stage(task, **TRAIN)
     A1, A2 = traj.final_A1, traj.final_A2
     pi_ood = checks.ood_transition(task.S, gamma=0.3)
     res = checks.check_ood(task, A1, A2, pi_ood=pi_ood)

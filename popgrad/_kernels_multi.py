@@ -152,6 +152,7 @@ def _multi_block(blk, parents, tp, atoms, pk0, P, A2, eps, D, want_grad, G, dA2)
     T = P.shape[1]
     S = A2.shape[1]
     K = atoms.shape[0]
+    atT = np.ascontiguousarray(atoms.transpose(1, 2, 0))  # (S**k, S, K): atoms innermost
     s = np.zeros(T, dtype=np.int64)
     idx = blk
     for t in range(D - 1, -1, -1):
@@ -188,24 +189,37 @@ def _multi_block(blk, parents, tp, atoms, pk0, P, A2, eps, D, want_grad, G, dA2)
                 row = 0
                 for h in range(k):
                     row = row * S + s[parents[d, h]]
+                at = atT[row, b]
                 for m in range(K):
-                    pk[d + 1, m] = pk[d, m] * atoms[m, row, b]
+                    pk[d + 1, m] = pk[d, m] * at[m]
             for h in range(k):
                 for i in range(d, T):
                     for c in range(S):
                         Hr[d + 1, h, i, c] = Hr[d, h, i, c]
                     Hr[d + 1, h, i, b] += P[h, i, d]
-        # ---- the leaf: weights
+        # ---- the leaf: weights w[c] = Σ_m p_m(s) π_m(c | s_tp), atoms innermost (contiguous, vectorizes)
         rt = 0
         for h in range(k):
             rt = rt * S + s[tp[h]]
+        pkT = pk[T]
         for c in range(S):
-            w[c] = 0.0
-        for m in range(K):
-            p = pk[T, m]
-            if p != 0.0:
-                for c in range(S):
-                    w[c] += p * atoms[m, rt, c]
+            at = atT[rt, c]
+            # four interleaved partial sums (a fixed order, so SIMD-friendly without fastmath)
+            a0 = 0.0
+            a1 = 0.0
+            a2 = 0.0
+            a3 = 0.0
+            m = 0
+            while m + 4 <= K:
+                a0 += pkT[m] * at[m]
+                a1 += pkT[m + 1] * at[m + 1]
+                a2 += pkT[m + 2] * at[m + 2]
+                a3 += pkT[m + 3] * at[m + 3]
+                m += 4
+            while m < K:
+                a0 += pkT[m] * at[m]
+                m += 1
+            w[c] = (a0 + a1) + (a2 + a3)
         total = 0.0
         for c in range(S):
             total += w[c]

@@ -1,0 +1,22 @@
+"""Every example script runs to completion and writes its figures (smoke test)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_example_runs(script, tmp_path):
+    env = dict(os.environ, MPLBACKEND="Agg")
+    proc = subprocess.run(
+        [sys.executable, script, "--out", str(tmp_path / "out")],
+        cwd=EXAMPLES, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    pngs = list((tmp_path / "out").glob("*.png"))
+    assert pngs, f"{script} wrote no figure"
