@@ -41,6 +41,26 @@ from .information import (
 )
 from .dpi import DpiReport, bound_readings, dpi_report, dpi_report_pi
 from .dynamics import TrainConfig, Trajectory, train_two_stage
+from .multiparent import (
+    MultiParentGraph,
+    MultiParentTask,
+    TensorPrior,
+    dirichlet_tensor_prior,
+    ngram,
+    random_multi_parent,
+    two_parent,
+)
+from .multihead import (
+    MultiLossAndGrad,
+    bayes_loss_multi,
+    construction_loss_multi,
+    count_estimator_loss_multi,
+    exact_loss_and_grad_multi,
+    exact_loss_multi,
+    optimal_loss_multi,
+    predict_multi,
+)
+from .multidynamics import MultiHeadTrainConfig, train_multi_head
 from . import checks
 
 __version__ = "0.1.0"
@@ -84,5 +104,22 @@ __all__ = [
     "TrainConfig",
     "Trajectory",
     "train_two_stage",
+    "MultiParentGraph",
+    "MultiParentTask",
+    "TensorPrior",
+    "dirichlet_tensor_prior",
+    "ngram",
+    "two_parent",
+    "random_multi_parent",
+    "MultiLossAndGrad",
+    "predict_multi",
+    "exact_loss_and_grad_multi",
+    "exact_loss_multi",
+    "optimal_loss_multi",
+    "bayes_loss_multi",
+    "count_estimator_loss_multi",
+    "construction_loss_multi",
+    "MultiHeadTrainConfig",
+    "train_multi_head",
     "checks",
 ]

@@ -3,40 +3,142 @@
 Kernels take clean, contiguous float64 / int64 arrays and trust them; the
 public functions validate. ``cache=True`` everywhere, never ``fastmath``;
 ``error_model="numpy"`` where a division by zero must give ``inf`` (the
-``ε = 0`` loss) instead of raising.
+``ε = 0`` loss) instead of raising -- and in every hot loop, because the
+``"python"`` error model's zero-divisor check keeps LLVM from vectorizing a
+loop that divides.
 
-Contents: the exact weights (:func:`decode_sequence`,
-:func:`sequence_weight_row`, :func:`chunk_weights`; reference
-:func:`popgrad.task.sequence_weights_numpy`) and the exact loss and gradient
-(:func:`loss_grad_prefix`, :func:`loss_grad_direct`, their ``_serial``
-twins and :func:`sum_slots`; reference
-:func:`popgrad.exact.exact_loss_and_grad_numpy`). Why two engines and why
-no BLAS: see :mod:`popgrad.exact`.
+Contents
 
-Hot loops are written out inline rather than as calls to helper functions:
-numba reference-counts every array argument of a call (atomic operations),
-which here cost several times the arithmetic (measured: a 30-flop prefix
-update took 85 ns as a call, 10 ns inline).
+* exact weights: :func:`decode_sequence`, :func:`sequence_weight_row`,
+  :func:`chunk_weights` (reference :func:`popgrad.task.sequence_weights_numpy`);
+* exact loss and gradient: :func:`loss_grad_prefix` (the default engine),
+  :func:`loss_grad_direct` (the fallback), their ``_serial`` twins,
+  :func:`exp_tables` and :func:`sum_slots` (reference
+  :func:`popgrad.exact.exact_loss_and_grad_numpy`). Why these engines and
+  not BLAS: see :mod:`popgrad.exact`;
+* :func:`fast_log`: a vectorizable natural logarithm (below).
 
-Towards ``k`` first-layer heads (multi-parent graphs, DESIGN §9): the
-prefix engine only needs, per prefix, running products
-``Π_j exp(score contribution of key j)`` and running sums over positions.
-With heads the score of position ``i`` becomes a sum over heads of
-``P_h[i, j]``-weighted token matches, which is still a sum over keys ``j``
-of per-key terms, so the ``X`` table gains a head product and the "query"
-index ``q`` becomes the tuple of the query position's copied parents
-(``S**k`` values instead of ``S``); the block/slot structure, the weight
-batching and the backward accumulation per subtree are unchanged.
+Both loss engines accept ``sym=True``: they then visit only the canonical
+sequences of the token-relabeling orbits (first occurrences in the order
+``0, 1, 2, …``) and multiply their weights by the orbit size
+``S!/(S-m)!`` (``m`` distinct tokens); :mod:`popgrad.exact` decides when
+that is exact (DESIGN §10) and symmetrizes ``dA2``.
+
+``fast_log``: the leaves of the prefix engine take ``S`` logarithms per
+sequence; glibc's scalar ``log`` cost about 3.5 ns each and kept the leaf
+loops scalar (about a quarter of the engine's time). ``fast_log`` is the
+fdlibm / FreeBSD ``__ieee754_log`` algorithm (argument reduction to
+``[√2/2, √2)``, a degree-14 minimax polynomial in ``s = f/(2+f)``, both of
+fdlibm's final forms selected branch-free) written on the bit pattern with
+two one-instruction intrinsics, so LLVM vectorizes the loops that call it
+(0.7 ns per log on the benchmark machine). Error below 1 ulp (fdlibm's
+bound; measured ≤ 0.87 ulp against a long-double reference; glibc ≤ 0.52),
+so a loss may differ from one computed with ``np.log`` in the last bits.
+Valid for positive *normal* arguments only: the engines call it only when
+``ε ≥ 2.2250738585072014e-308`` (then ``f + ε`` is normal); with ``ε = 0``
+they use ``np.log`` (``log 0 = -inf``).
+
+Hot loops are written out inline rather than as calls to helper functions
+taking arrays: numba reference-counts every array argument of a call
+(atomic operations), which costs more than a few flops.
 
 Enumeration order (shared by every kernel): sequence number ``m`` in
 ``0 .. S**T - 1`` is the base-``S`` numeral ``s_0 s_1 ... s_{T-1}`` with
 position ``0`` the most significant digit, so position ``T-1`` (the query)
 varies fastest: lexicographic order, ``itertools.product(range(S), repeat=T)``.
+
+Towards ``k`` first-layer heads (multi-parent graphs, DESIGN §9): see
+:mod:`popgrad._kernels_multi` for why that engine needs a different prefix
+decomposition; the block/slot structure and :func:`sum_slots` are shared.
 """
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+#: Smallest positive normal float64: ``fast_log`` is exact to < 1 ulp at and above it.
+TINY = 2.2250738585072014e-308
+#: Accumulator lanes of the vectorized sums (the group axis of the prefix engine is padded to a multiple).
+LANES = 8
 
 
+# ===========================================================================
+# A vectorizable logarithm (fdlibm __ieee754_log, branch-free)
+# ===========================================================================
+@intrinsic
+def _f64_bits(typingctx, x):
+    """Reinterpret a float64 as int64 (LLVM ``bitcast``; no conversion)."""
+    if x != types.float64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.int64(types.float64), codegen
+
+
+@intrinsic
+def _bits_f64(typingctx, b):
+    """Reinterpret an int64 as float64 (LLVM ``bitcast``; no conversion)."""
+    if b != types.int64:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(types.int64), codegen
+
+
+_LN2_HI = 6.93147180369123816490e-01
+_LN2_LO = 1.90821492927058770002e-10
+_LG1 = 6.666666666666735130e-01
+_LG2 = 3.999999999940941908e-01
+_LG3 = 2.857142874366239149e-01
+_LG4 = 2.222219843214978396e-01
+_LG5 = 1.818357216161805012e-01
+_LG6 = 1.531383769920937332e-01
+_LG7 = 1.479819860511658591e-01
+
+
+@njit(cache=True, error_model="numpy")
+def fast_log(x):
+    """Natural logarithm of a positive normal float64, error < 1 ulp, vectorizable.
+
+    ``x = 2**k · (1 + f)`` with ``1 + f ∈ [√2/2, √2)``; ``s = f / (2 + f)``;
+    ``log(1+f) = f - hfsq + s (hfsq + R(s²))`` with fdlibm's coefficients
+    ``Lg1 … Lg7``. Not valid for zero, subnormals, negatives, inf or NaN.
+    """
+    bits = _f64_bits(x)
+    hx = bits >> 32
+    k = (hx >> 20) - 1023
+    hx = hx & 0x000FFFFF
+    i = (hx + 0x95F64) & 0x100000  # 1 + f ≥ √2: use x/2
+    k += i >> 20
+    f = _bits_f64(((hx | (i ^ 0x3FF00000)) << 32) | (bits & 0xFFFFFFFF)) - 1.0
+    dk = float(k)
+    s = f / (2.0 + f)
+    z = s * s
+    w = z * z
+    t1 = w * (_LG2 + w * (_LG4 + w * _LG6))
+    t2 = z * (_LG1 + w * (_LG3 + w * (_LG5 + w * _LG7)))
+    R = t2 + t1
+    hfsq = 0.5 * f * f
+    big = ((hx - 0x6147A) | (0x6B851 - hx)) > 0
+    a = dk * _LN2_HI - ((hfsq - (s * (hfsq + R) + dk * _LN2_LO)) - f)
+    b = dk * _LN2_HI - ((s * (f - R) - dk * _LN2_LO) - f)
+    return a if big else b
+
+
+@njit(cache=True, error_model="numpy")
+def fast_log_array(x, out):
+    """``out[i] = fast_log(x[i])`` (for tests and benchmarks)."""
+    for i in range(x.shape[0]):
+        out[i] = fast_log(x[i])
+
+
+# ===========================================================================
+# Exact weights (DESIGN §2)
+# ===========================================================================
 @njit(cache=True)
 def decode_sequence(index, S, T, out):
     """Write the tokens of sequence number ``index`` into ``out[:T]``."""
@@ -97,6 +199,116 @@ def chunk_weights(start, parents, mu, atoms, prior_w, seqs, w):
 # by the caller, after summing), ``dA2`` and the loss.
 
 
+@njit(cache=True, parallel=True)
+def rows_weights(seqs, parents, mu, atoms, prior_w, w):
+    """``w[m, c] = w(seqs[m], c)`` for given sequences (same arithmetic as :func:`chunk_weights`)."""
+    for m in prange(seqs.shape[0]):
+        sequence_weight_row(seqs[m], parents, mu, atoms, prior_w, w[m])
+
+
+@njit(cache=True)
+def rows_weights_serial(seqs, parents, mu, atoms, prior_w, w):
+    """:func:`rows_weights` on the calling thread."""
+    for m in range(seqs.shape[0]):
+        sequence_weight_row(seqs[m], parents, mu, atoms, prior_w, w[m])
+
+
+@njit(cache=True)
+def atom_prefix_probs(seqs, parents, mu, atoms, p):
+    """``p[k, m] = (1/S) Π_{roots i<T-1} μ_k(s_i) Π_{non-roots i} π_k(s_i | s_{p(i)})`` for each atom alone.
+
+    The probability of ``seqs[m]`` under atom ``k`` (query uniform),
+    multiplied in increasing position order exactly as
+    :func:`popgrad.task.sequence_weights_numpy` does for a one-atom prior
+    with weight 1 (bit-identical).
+    """
+    K, S, _ = atoms.shape
+    n, T = seqs.shape
+    for m in range(n):
+        for k in range(K):
+            v = 1.0 / S
+            for i in range(T - 1):
+                par = parents[i]
+                if par < 0:
+                    v = v * mu[k, seqs[m, i]]
+                else:
+                    v = v * atoms[k, seqs[m, par], seqs[m, i]]
+            p[k, m] = v
+
+
+@njit(cache=True)
+def sup_error_rows(f, q, atoms, p, atom_weights, errs, probs):
+    """Per atom ``k`` and sequence ``m``: ``errs[k, m] = max_c |f[m, c] - π_k(c | q_m)|`` and
+    ``probs[k, m] = atom_weights[k] · Σ_c p[k, m] π_k(c | q_m)``.
+
+    The sum over ``c`` runs in increasing ``c`` from 0, which is what
+    NumPy's ``(p[k][:, None] * atoms[k][q]).sum(axis=1)`` does for rows of
+    fewer than 8 entries (bit-identical; callers use NumPy for ``S ≥ 8``).
+    A NaN in ``f`` propagates to ``errs`` as in ``np.max``.
+    """
+    K, S, _ = atoms.shape
+    n = f.shape[0]
+    for k in range(K):
+        wk = atom_weights[k]
+        for m in range(n):
+            qm = q[m]
+            mx = abs(f[m, 0] - atoms[k, qm, 0])
+            acc = 0.0
+            for c in range(S):
+                a = atoms[k, qm, c]
+                v = abs(f[m, c] - a)
+                if v > mx or v != v:
+                    mx = v
+                acc += p[k, m] * a
+            errs[k, m] = mx
+            probs[k, m] = wk * acc
+
+
+@njit(cache=True)
+def stable_argsort(values):
+    """The permutation of ``np.argsort(values, kind="stable")`` for float64, by LSD radix sort.
+
+    Keys are the IEEE bit patterns made order-preserving (``-0.0`` counts as
+    ``+0.0``; every NaN sorts last, in index order, as in NumPy); 11-bit
+    digits (cache-friendly buckets), passes over digits all keys share are skipped. ``O(n)``.
+    """
+    n = values.shape[0]
+    keys = np.empty(n, dtype=np.uint64)
+    top = np.uint64(1) << np.uint64(63)
+    nan_key = np.uint64(0xFFFFFFFFFFFFFFFF)
+    for i in range(n):
+        x = values[i]
+        if x != x:
+            keys[i] = nan_key
+            continue
+        b = np.uint64(_f64_bits(x + 0.0))
+        keys[i] = (~b) if (b & top) else (b | top)
+    order = np.arange(n)
+    tmp = np.empty(n, dtype=np.int64)
+    ktmp = np.empty(n, dtype=np.uint64)
+    count = np.empty(2049, dtype=np.int64)
+    mask = np.uint64(0x7FF)
+    for shift in range(0, 64, 11):
+        sh = np.uint64(shift)
+        count[:] = 0
+        for i in range(n):
+            count[np.int64((keys[i] >> sh) & mask) + 1] += 1
+        if n == 0 or count[np.int64((keys[0] >> sh) & mask) + 1] == n:
+            continue  # every key has this digit: the pass would not move anything
+        for d in range(2048):
+            count[d + 1] += count[d]
+        for i in range(n):
+            kv = keys[i]
+            d = np.int64((kv >> sh) & mask)
+            c = count[d]
+            tmp[c] = order[i]
+            ktmp[c] = kv
+            count[d] = c + 1
+        order, tmp = tmp, order
+        keys, ktmp = ktmp, keys
+    return order
+
+
 @njit(cache=True)
 def sum_slots(loss_out, G_out, dA2_out):
     """Sum the per-block slots in block order into slot 0; return the total loss.
@@ -114,9 +326,9 @@ def sum_slots(loss_out, G_out, dA2_out):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def loss_grad_direct(parents, mu, atoms, prior_w, P, A2, eps, block_size, want_grad,
+def loss_grad_direct(parents, mu, atoms, prior_w, P, A2, eps, block_size, sym, orbit, want_grad,
                      loss_out, G_out, dA2_out):
-    """Per-sequence fused forward/backward, ``O(T²)`` work per sequence.
+    """Per-sequence fused forward/backward, ``O(T² + K·T)`` work per sequence.
 
     Block ``b`` covers sequence numbers ``b·block_size …`` (lexicographic);
     sequences and weights are decoded on the fly (:func:`decode_sequence`,
@@ -130,26 +342,28 @@ def loss_grad_direct(parents, mu, atoms, prior_w, P, A2, eps, block_size, want_g
         G[i,j] += δ_i A2[q, s_j]   (j ≤ i)
         dA2[q, s_j] += Σ_{i≥j} δ_i P[i, j]
 
-    Outputs (one slot per block, zero on entry): ``loss_out (n_blocks,)``,
-    ``G_out (n_blocks, T, T)``, ``dA2_out (n_blocks, S, S)``.
+    With ``sym`` only canonical sequences (first occurrences in the order
+    ``0, 1, …``) are visited, their weights multiplied by ``orbit[m]``
+    (``m`` distinct tokens). Outputs (one slot per block, zero on entry):
+    ``loss_out (n_blocks,)``, ``G_out (n_blocks, T, T)``, ``dA2_out (n_blocks, S, S)``.
     """
     n_blocks = loss_out.shape[0]
     for blk in prange(n_blocks):
-        loss_out[blk] = _direct_block(blk, parents, mu, atoms, prior_w, P, A2, eps, block_size, want_grad,
-                                      G_out[blk], dA2_out[blk])
+        loss_out[blk] = _direct_block(blk, parents, mu, atoms, prior_w, P, A2, eps, block_size, sym, orbit,
+                                      want_grad, G_out[blk], dA2_out[blk])
 
 
 @njit(cache=True, error_model="numpy")
-def loss_grad_direct_serial(parents, mu, atoms, prior_w, P, A2, eps, block_size, want_grad,
+def loss_grad_direct_serial(parents, mu, atoms, prior_w, P, A2, eps, block_size, sym, orbit, want_grad,
                             loss_out, G_out, dA2_out):
     """:func:`loss_grad_direct` on the calling thread (same blocks, same bits)."""
     for blk in range(loss_out.shape[0]):
-        loss_out[blk] = _direct_block(blk, parents, mu, atoms, prior_w, P, A2, eps, block_size, want_grad,
-                                      G_out[blk], dA2_out[blk])
+        loss_out[blk] = _direct_block(blk, parents, mu, atoms, prior_w, P, A2, eps, block_size, sym, orbit,
+                                      want_grad, G_out[blk], dA2_out[blk])
 
 
 @njit(cache=True, error_model="numpy")
-def _direct_block(blk, parents, mu, atoms, prior_w, P, A2, eps, block_size, want_grad, G, dA2):
+def _direct_block(blk, parents, mu, atoms, prior_w, P, A2, eps, block_size, sym, orbit, want_grad, G, dA2):
     """One block of :func:`loss_grad_direct`; returns its loss, fills ``G``, ``dA2``."""
     T = P.shape[0]
     S = A2.shape[0]
@@ -167,9 +381,23 @@ def _direct_block(blk, parents, mu, atoms, prior_w, P, A2, eps, block_size, want
     loss = 0.0
     for m in range(start, stop):
         decode_sequence(m, S, T, s)
+        mult = 1.0
+        if sym:
+            mx = -1
+            canonical = True
+            for t in range(T):
+                if s[t] > mx + 1:
+                    canonical = False
+                    break
+                if s[t] == mx + 1:
+                    mx += 1
+            if not canonical:
+                continue
+            mult = orbit[mx + 1]
         sequence_weight_row(s, parents, mu, atoms, prior_w, w)
         total = 0.0
         for c in range(S):
+            w[c] *= mult
             total += w[c]
         if total == 0.0:
             continue
@@ -216,44 +444,204 @@ def _direct_block(blk, parents, mu, atoms, prior_w, P, A2, eps, block_size, want
     return loss
 
 
+# ---------------------------------------------------------------------------
+# Small per-call helpers (one call each instead of a dozen NumPy calls)
+# ---------------------------------------------------------------------------
+@njit(cache=True, error_model="numpy")
+def attention(A1, P):
+    """``P = softmax_rows(MASK(A1))`` (DESIGN §3) into ``P``; reference :func:`popgrad.model.first_layer_attention`."""
+    T = A1.shape[0]
+    for i in range(T):
+        m = A1[i, 0]
+        for j in range(1, i + 1):
+            if A1[i, j] > m:
+                m = A1[i, j]
+        z = 0.0
+        for j in range(i + 1):
+            e = np.exp(A1[i, j] - m)
+            P[i, j] = e
+            z += e
+        for j in range(i + 1):
+            P[i, j] = P[i, j] / z
+        for j in range(i + 1, T):
+            P[i, j] = 0.0
+
+
+@njit(cache=True)
+def finish_grad(G, P, dA1):
+    """Layer-1 softmax Jacobian: ``dA1[i, j] = P[i, j] (G[i, j] - Σ_{k≤i} P[i, k] G[i, k])`` for ``j ≤ i``, else 0."""
+    T = G.shape[0]
+    for i in range(T):
+        dot = 0.0
+        for k in range(i + 1):
+            dot += P[i, k] * G[i, k]
+        for j in range(i + 1):
+            dA1[i, j] = P[i, j] * (G[i, j] - dot)
+        for j in range(i + 1, T):
+            dA1[i, j] = 0.0
+
+
+@njit(cache=True)
+def symmetrize_span(D, out):
+    """``out = (tr D / S) I + (Σ_{a≠b} D[a, b] / (S(S-1))) (11ᵀ - I)``: the average of ``σ D σᵀ`` over relabelings."""
+    S = D.shape[0]
+    tr = 0.0
+    off = 0.0
+    for a in range(S):
+        for b in range(S):
+            if a == b:
+                tr += D[a, b]
+            else:
+                off += D[a, b]
+    d = tr / S
+    o = off / (S * (S - 1))
+    for a in range(S):
+        for b in range(S):
+            out[a, b] = d if a == b else o
+
+
+@njit(cache=True)
+def row_range(A2):
+    """``max_q (max_b A2[q, b] - min_b A2[q, b])``."""
+    S = A2.shape[0]
+    r = 0.0
+    for q in range(S):
+        lo = A2[q, 0]
+        hi = A2[q, 0]
+        for b in range(1, S):
+            v = A2[q, b]
+            if v < lo:
+                lo = v
+            if v > hi:
+                hi = v
+        if hi - lo > r:
+            r = hi - lo
+    return r
+
+
+@njit(cache=True)
+def span_kind(A2, rtol):
+    """0: ``A2 ∉ span{I, 11ᵀ}``; 1: in it exactly; 2: within ``rtol · max|A2|`` (diagonal and off-diagonal entries)."""
+    S = A2.shape[0]
+    d0 = A2[0, 0]
+    o0 = A2[0, 1]
+    exact = True
+    dev = 0.0
+    scale = 0.0
+    for a in range(S):
+        for b in range(S):
+            v = A2[a, b]
+            ref = d0 if a == b else o0
+            if v != ref:
+                exact = False
+            dv = abs(v - ref)
+            if dv > dev:
+                dev = dv
+            if abs(v) > scale:
+                scale = abs(v)
+    if exact:
+        return 1
+    return 2 if dev <= rtol * scale else 0
+
+
+# ---------------------------------------------------------------------------
+# The prefix engine
+# ---------------------------------------------------------------------------
+@njit(cache=True, error_model="numpy")
+def exp_tables(P, A2, dig, X, Xg):
+    """Fill the layer-2 exponential tables of :func:`loss_grad_prefix`.
+
+    ``X[j, b, q, i] = exp(P[i, j] (A2[q, b] - m_q))`` with ``m_q = max_b A2[q, b]``
+    (entries ``j > i`` are 1), and for the ``h = dig.shape[0]`` batched
+    positions ``Lh … T-2`` (``Lh = T-1-h``) and each leaf group ``g`` (the
+    base-``S`` digits ``dig[:, g]`` of those positions)::
+
+        Xg[q, t, g] = Π_{t' ≤ min(t, h-1)} X[Lh+t', dig[t', g], q, Lh+t]   (t < h: row Lh+t)
+        Xg[q, h, g] = Π_{t' < h} X[Lh+t', dig[t', g], q, T-1] · X[T-1, q, q, T-1]   (the query row)
+
+    products in increasing ``t'``. Padding groups ``g ≥ S**h`` get
+    ``Xg = 0`` except ``Xg[q, h, g] = 1`` (a positive softmax normaliser;
+    their weights are zero).
+    """
+    T = P.shape[0]
+    S = A2.shape[0]
+    h = dig.shape[0]
+    n_valid = dig.shape[1]
+    NG = Xg.shape[2]
+    Lh = T - 1 - h
+    for q in range(S):
+        m = A2[q, 0]
+        for b in range(1, S):
+            if A2[q, b] > m:
+                m = A2[q, b]
+        for j in range(T):
+            for b in range(S):
+                d = A2[q, b] - m
+                for i in range(T):
+                    X[j, b, q, i] = np.exp(P[i, j] * d) if j <= i else 1.0
+    for q in range(S):
+        for t in range(h + 1):
+            i = Lh + t
+            for g in range(NG):
+                if g >= n_valid:
+                    Xg[q, t, g] = 1.0 if t == h else 0.0
+                    continue
+                prod = 1.0
+                for t2 in range(min(t, h - 1) + 1):
+                    prod *= X[Lh + t2, dig[t2, g], q, i]
+                if t == h:
+                    prod *= X[T - 1, q, q, T - 1]
+                Xg[q, t, g] = prod
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
-def loss_grad_prefix(parents, fac, pk0, wtab, Q, ctx_pos, X, P, A2, eps, n_fixed, want_grad,
-                     loss_out, G_out, dA2_out):
-    """Prefix-sharing forward/backward: ``O(S + K)`` work per sequence.
+def loss_grad_prefix(parents, fac, pk0, wtab, Q, ctx_pos, X, Xg, mask, dig, ofac, P, A2, eps, prefixes, order,
+                     sym, Wc, bstart, wmode, want_grad, loss_out, G_out, dA2_out):
+    """Prefix-sharing forward/backward with vectorized leaf batches: ``O(S + K)`` work per sequence.
 
-    Enumerates the tree of prefixes depth first (position 0 outermost, the
-    query ``T-1`` innermost). Block ``b`` fixes positions ``0 … n_fixed-1``
-    to the base-``S`` digits of ``b``; ``loss_out.shape[0] = S**n_fixed``.
-    Everything that depends on a prefix ``s_0 … s_d`` only is computed once
-    per prefix, when ``s_d`` is set:
+    Enumerates the tree of prefixes depth first (position 0 outermost).
+    Block ``b`` fixes positions ``0 … D-1`` to ``prefixes[b]``
+    (``D = prefixes.shape[1]``); blocks run in the order ``order`` (a
+    permutation balancing the threads; each block writes its own slot, so
+    the order never changes a bit). The last ``h`` non-query positions
+    ``Lh … T-2`` and the query are not enumerated one by one: below each node
+    at depth ``Lh-1`` (a *batch node*) all ``NG ≥ S**h`` leaf groups ``g``
+    and all queries are processed together in loops over ``g`` that LLVM
+    vectorizes.
 
-    * per-atom prefix products of the weights,
-      ``p_k ← p_k · fac[d, s_{p(d)}, s_d, k]``;
+    Prefix part (positions ``< Lh``), once per prefix, when ``s_d`` is set:
+
+    * per-atom weight products ``p_k ← p_k · fac[d, s_{p(d)}, s_d, k]``;
     * the layer-2 exponentials as running products over keys,
-      ``e[q, i] = exp(u_i(q) - m_q) = Π_{j≤i} X[j, s_j, q, i]`` with
-      ``X[j, b, q, i] = exp(P[i, j] (A2[q, b] - m_q))`` and
-      ``m_q = max_b A2[q, b]``; so ``e ∈ [exp(-range_q), 1]`` and no ``exp``
-      runs in the loop (the caller keeps ``range_q ≤ 500``);
+      ``e[q, i] = exp(u_i(q) - m_q) = Π_{j≤i} X[j, s_j, q, i]``, so
+      ``e ∈ [exp(-range_q), 1]`` and no ``exp`` runs in the loop (the caller
+      keeps ``range_q ≤ 500``);
     * running sums ``Z_d[q] = Σ_{i≤d} e[q, i]`` and
       ``F_d[q, c] = Σ_{i≤d} e[q, i] [s_i = c]``.
 
-    The weights ``w(s, c) = Σ_k p_k(s) π_k(c | q)`` of all ``S**h`` leaf
-    groups below a node at depth ``T-2-h`` are computed together
-    (:func:`_prefix_batch_weights`) as one small matrix product with a
-    precomputed table ``Q`` of the last ``h`` positions' weight factors; its
-    inner loop runs over the groups and vectorizes. The sum over atoms
-    ``k`` runs in increasing ``k`` as in :func:`sequence_weight_row`.
+    Batch node (:func:`_batch_leaves`): the weights of its leaf groups,
+    ``W[q·S+c, g] = Σ_k p_k · Q[ctx, k, g] · π_k(c | q)``
+    (:func:`_prefix_batch_weights`; times ``ofac[m, q, g]`` when ``sym``),
+    the exponentials of the batched rows ``E[q, t, g] = e[q, Lh+t] ·
+    Xg[q, t, g]`` (:func:`exp_tables`), then per leaf ``Z``, ``f``, the
+    loss, ``r_c``, ``r̄`` and ``B[q, c, g] = (r_c - r̄)/Z``, and the
+    per-row sums ``δ_i = E · B[q, s_i]`` of the batched rows
+    (``mask[t, c, g] = [s_{Lh+t} = c]``, and ``s_{T-1} = q``), accumulated per group into
+    ``Dacc`` and contracted once per block into ``H``.
 
-    A leaf group (the ``S`` queries of one prefix ``s_0 … s_{T-2}``) then
-    costs ``O(S)`` per sequence. The backward pass never forms ``δ`` for
-    every position: for a node at depth ``d`` and rows ``i ≤ d``,
-    ``Σ_subtree δ_i = e[q, i] · B_d[q, s_i]`` with
-    ``B_d[q, c] = Σ_subtree (r_c - r̄)/Z`` (``S²`` numbers), and only rows
-    ``i > d`` are kept in full (``R_d[q, i]``). When a node is complete it
-    adds ``Σ_subtree δ_i`` to ``H[i, d, q, s_d]``,
-    where ``H[i, j, q, b] = Σ_s δ_i(s) [s_{T-1} = q][s_j = b]``; at the end
-    of the block ``G[i, j] = Σ_{q,b} A2[q, b] H[i, j, q, b]`` and
+    Backward for the prefix rows: for a node at depth ``d`` and rows ``i ≤ d``,
+    ``Σ_subtree δ_i = e[q, i] · B_d[q, s_i]`` with ``B_d[q, c] = Σ_subtree
+    (r_c - r̄)/Z`` (``S²`` numbers), and rows ``i > d`` are kept in full
+    (``R_d[q, i]``). When a node is complete it adds ``Σ_subtree δ_i`` to
+    ``H[i, d, q, s_d]``, where ``H[i, j, q, b] = Σ_s δ_i(s) [s_{T-1} = q][s_j = b]``;
+    at the end of the block ``G[i, j] = Σ_{q,b} A2[q, b] H[i, j, q, b]`` and
     ``dA2[q, b] = Σ_{j≤i} P[i, j] H[i, j, q, b]``: DESIGN §4, summed.
+
+    ``sym``: the odometer over positions ``D … Lh-1`` only visits canonical
+    prefixes (``s_d ≤ 1 + max(s_0 … s_{d-1})``), and the leaf weights are
+    multiplied by ``ofac[m, q, g]`` = the orbit size ``S!/(S-m')!`` of the
+    whole sequence (``m'`` distinct tokens), or 0 if it is not canonical
+    (``m`` = distinct tokens of the prefix ``s_0 … s_{Lh-1}``).
 
     Parameters
     ----------
@@ -264,89 +652,106 @@ def loss_grad_prefix(parents, fac, pk0, wtab, Q, ctx_pos, X, P, A2, eps, n_fixed
         ``prior_w / S``.
     wtab : float64 (K, S·S)
         ``wtab[k, q·S + c] = π_k(c | q)``.
-    Q : float64 (S**n_ctx, K, S**h)
-        Weight factors of the ``h`` batched positions ``T-1-h … T-2``:
-        ``Q[ctx, k, g] = Π_t fac[T-1-h+t, a_t, g_t, k]`` (``g_t`` the digits of
-        ``g``, ``a_t`` the parent's token, from ``g`` or from ``ctx``).
+    Q : float64 (S**n_ctx, K, NG)
+        Weight factors of the batched positions:
+        ``Q[ctx, k, g] = Π_t fac[Lh+t, a_t, g_t, k]`` (``g_t`` the digits of
+        ``g``, ``a_t`` the parent's token, from ``g`` or from ``ctx``); zero
+        for padding groups ``g ≥ S**h``.
     ctx_pos : int64 (n_ctx,)
-        Prefix positions (``< T-1-h``) that are parents of batched positions;
+        Prefix positions (``< Lh``) that are parents of batched positions;
         their tokens, as a base-``S`` number, index ``Q``.
-    X : float64 (T, S, S, T)
-        As above (entries with ``i < j`` unused).
+    X : float64 (T, S, S, T), Xg : float64 (S, h+1, NG)
+        From :func:`exp_tables`.
+    mask : float64 (h, S, NG)
+        ``mask[t, c, g] = [digit t of g = c]``; zero for padding groups.
+    dig : int64 (h, S**h)
+        ``dig[t, g]`` = digit ``t`` of ``g`` (most significant first).
+    ofac : float64 (S+1, S, NG)
+        Orbit factors (used when ``sym``).
     P : float64 (T, T)
     A2 : float64 (S, S)
     eps : float
-    n_fixed : int
-        Leading positions fixed per block (``≤ T-1-h``).
+    prefixes : int64 (n_blocks, D)
+    order : int64 (n_blocks,)
+    sym : bool
+    Wc : float64 (n_batch, S·S, NG)
+        Weight cache: the ``W`` of every batch node, in visiting order
+        (block ``b`` starts at ``bstart[b]``). ``wmode`` 0: compute ``W``
+        (``Wc`` unused), 1: compute and store it, 2: read it. The weights do
+        not depend on ``A1``, ``A2``, so a training loop computes them once.
+    bstart : int64 (n_blocks,)
+    wmode : int
     want_grad : bool
-        ``False``: forward only (the loss).
     loss_out, G_out, dA2_out : float64 (n_blocks,), (n_blocks, T, T), (n_blocks, S, S)
         Zero on entry; one slot per block.
     """
-    n_blocks = loss_out.shape[0]
-    for blk in prange(n_blocks):
-        loss_out[blk] = _prefix_block(blk, parents, fac, pk0, wtab, Q, ctx_pos, X, P, A2, eps, n_fixed,
-                                      want_grad, G_out[blk], dA2_out[blk])
+    for t in prange(order.shape[0]):
+        blk = order[t]
+        loss_out[blk] = _prefix_block(blk, parents, fac, pk0, wtab, Q, ctx_pos, X, Xg, mask, dig, ofac, P, A2,
+                                      eps, prefixes, sym, Wc, bstart, wmode, want_grad, G_out[blk], dA2_out[blk])
 
 
 @njit(cache=True, error_model="numpy")
-def loss_grad_prefix_serial(parents, fac, pk0, wtab, Q, ctx_pos, X, P, A2, eps, n_fixed, want_grad,
-                            loss_out, G_out, dA2_out):
+def loss_grad_prefix_serial(parents, fac, pk0, wtab, Q, ctx_pos, X, Xg, mask, dig, ofac, P, A2, eps, prefixes,
+                            order, sym, Wc, bstart, wmode, want_grad, loss_out, G_out, dA2_out):
     """:func:`loss_grad_prefix` on the calling thread (same blocks, same bits)."""
-    for blk in range(loss_out.shape[0]):
-        loss_out[blk] = _prefix_block(blk, parents, fac, pk0, wtab, Q, ctx_pos, X, P, A2, eps, n_fixed,
-                                      want_grad, G_out[blk], dA2_out[blk])
+    for t in range(order.shape[0]):
+        blk = order[t]
+        loss_out[blk] = _prefix_block(blk, parents, fac, pk0, wtab, Q, ctx_pos, X, Xg, mask, dig, ofac, P, A2,
+                                      eps, prefixes, sym, Wc, bstart, wmode, want_grad, G_out[blk], dA2_out[blk])
 
 
 @njit(cache=True, error_model="numpy")
-def _prefix_block(blk, parents, fac, pk0, wtab, Q, ctx_pos, X, P, A2, eps, D, want_grad, G, dA2):
+def _prefix_block(blk, parents, fac, pk0, wtab, Q, ctx_pos, X, Xg, mask, dig, ofac, P, A2, eps, prefixes, sym,
+                  Wc, bstart, wmode, want_grad, G, dA2):
     """One block of :func:`loss_grad_prefix`; returns its loss, fills ``G``, ``dA2``.
 
-    The per-prefix state update and the subtree finalization are written
-    inline (not as calls): numba reference-counts array arguments of every
-    call, which costs more than the arithmetic here.
+    The per-prefix state update and the subtree closure are written inline
+    (not as calls): numba reference-counts array arguments of every call,
+    which costs more than the arithmetic there.
     """
     T = P.shape[0]
     S = A2.shape[0]
     K = pk0.shape[0]
-    L = T - 1  # non-query positions 0 .. L-1; state index d+1 holds depth d
-    n_groups = Q.shape[2]
-    h = 0
-    while S**h < n_groups:
-        h += 1
-    Lh = L - h  # first batched position
+    L = T - 1
+    h1 = Xg.shape[1]
+    NG = Xg.shape[2]
+    h = h1 - 1
+    Lh = L - h  # first batched position; prefix positions are 0 .. Lh-1
+    D = prefixes.shape[1]
     s = np.zeros(T, dtype=np.int64)
-    idx = blk
-    for t in range(D - 1, -1, -1):
-        s[t] = idx % S
-        idx //= S
+    for t in range(D):
+        s[t] = prefixes[blk, t]
     # prefix state, index d+1 = after setting s_d
-    pk = np.empty((Lh + 1, K))  # per-atom weight prefix products
-    ep = np.empty((L + 1, S, T))  # ep[d+1, q, i] = Π_{j≤d} X[j, s_j, q, i]  (row i final once d ≥ i)
-    Zp = np.zeros((L + 1, S))  # Σ_{i≤d} e[q, i]
-    Fp = np.zeros((L + 1, S, S))  # Σ_{i≤d} e[q, i] [s_i = c]
+    pm = np.empty(Lh + 1, dtype=np.int64)  # pm[d] = max(s_0 .. s_{d-1}), -1 for d = 0
+    pm[0] = -1
+    pk = np.empty((Lh + 1, K))
+    ep = np.empty((Lh + 1, S, T))
+    Zp = np.zeros((Lh + 1, S))
+    Fp = np.zeros((Lh + 1, S, S))
     for k in range(K):
         pk[0, k] = pk0[k]
     ep[0, :, :] = 1.0
-    # backward accumulators per depth: B[d, q, c], R[d, q, i] (rows i > d), H[i, j, q, b]
-    B = np.zeros((L, S, S))
-    R = np.zeros((L, S, T))
+    nb = max(Lh, 1)
+    B = np.zeros((nb, S, S))
+    R = np.zeros((nb, S, T))
     H = np.zeros((T, T, S, S))
-    W = np.empty((S * S, n_groups))
-    r = np.empty(S)
-    loss = 0.0
-    g = 0
-    d_set = 0  # first depth whose state must be (re)computed
-    first = True
+    # batch work arrays
+    Wb = np.empty((S * S, NG))
+    bi = bstart[blk]  # index of the next batch node in the weight cache Wc
+    work = np.empty((h1 + 3 * S + 4, NG))
+    lacc = np.zeros(NG)
+    Dacc = np.zeros((S, h1, NG))
+    d_set = 0
     while True:
-        # ---- prefix state for depths d_set .. L-1
-        for d in range(d_set, L):
+        # ---- prefix state for depths d_set .. Lh-1
+        for d in range(d_set, Lh):
             b = s[d]
-            if d < Lh:
-                par = parents[d]
-                a = s[par] if par >= 0 else 0
-                for k in range(K):
-                    pk[d + 1, k] = pk[d, k] * fac[d, a, b, k]
+            pm[d + 1] = pm[d] if pm[d] >= b else b
+            par = parents[d]
+            a = s[par] if par >= 0 else 0
+            for k in range(K):
+                pk[d + 1, k] = pk[d, k] * fac[d, a, b, k]
             for q in range(S):
                 for i in range(d, T):
                     ep[d + 1, q, i] = ep[d, q, i] * X[d, b, q, i]
@@ -355,46 +760,36 @@ def _prefix_block(blk, parents, fac, pk0, wtab, Q, ctx_pos, X, P, A2, eps, D, wa
                 for c in range(S):
                     Fp[d + 1, q, c] = Fp[d, q, c]
                 Fp[d + 1, q, b] += e
-        if first or d_set < Lh:
-            _prefix_batch_weights(S, Lh, s, ctx_pos, pk, wtab, Q, W)
-            g = 0
-            first = False
+        # ---- the batch node: all leaf groups and queries below s_0 .. s_{Lh-1}
+        if wmode == 2:  # weights cached by an earlier call (they depend on the task only)
+            W = Wc[bi]
         else:
-            g += 1
-        # ---- leaf group g: prefix s_0 .. s_{T-2} fixed, all S queries
-        for q in range(S):
-            El = ep[L, q, T - 1] * X[T - 1, q, q, T - 1]
-            Z = Zp[L, q] + El
-            invZ = 1.0 / Z
-            rbar = 0.0
-            for c in range(S):
-                num = Fp[L, q, c]
-                if c == q:
-                    num += El
-                f = num * invZ
-                wc = W[q * S + c, g]
-                if wc != 0.0:
-                    fe = f + eps
-                    loss -= wc * np.log(fe)
-                    r[c] = -wc / fe
-                else:
-                    r[c] = 0.0
-                rbar += f * r[c]
-            if want_grad:
-                for c in range(S):
-                    B[L - 1, q, c] = (r[c] - rbar) * invZ
-                dl = El * B[L - 1, q, q]
-                R[L - 1, q, T - 1] = dl
-                H[T - 1, T - 1, q, q] += dl
-        # ---- advance the odometer over positions D .. L-1
-        d_set = L - 1
-        while d_set >= D and s[d_set] == S - 1:
+            W = Wb
+            _prefix_batch_weights(S, Lh, s, ctx_pos, pk, wtab, Q, W)
+            if sym:
+                m = pm[Lh] + 1
+                for qc in range(S * S):
+                    q = qc // S
+                    for g in range(NG):
+                        W[qc, g] *= ofac[m, q, g]
+            if wmode == 1:
+                Wc[bi, :, :] = W
+        bi += 1
+        _batch_leaves(S, Lh, eps, want_grad, ep, Zp, Fp, W, Xg, mask, work, lacc, Dacc, B, R)
+        # ---- advance the odometer over positions D .. Lh-1
+        d_set = Lh - 1
+        while d_set >= D:
+            lim = S - 1
+            if sym and pm[d_set] + 1 < lim:
+                lim = pm[d_set] + 1
+            if s[d_set] < lim:
+                break
             d_set -= 1
         done = d_set < D
         if want_grad:
             # close the completed nodes (all of them, ancestors too, when the block is done)
             stop = 0 if done else d_set
-            for d in range(L - 1, stop - 1, -1):
+            for d in range(Lh - 1, stop - 1, -1):
                 b = s[d]
                 for q in range(S):
                     y = ep[d + 1, q, d] * B[d, q, b]
@@ -414,9 +809,25 @@ def _prefix_block(blk, parents, fac, pk0, wtab, Q, ctx_pos, X, P, A2, eps, D, wa
         if done:
             break
         s[d_set] += 1
-        for d in range(d_set + 1, L):
+        for d in range(d_set + 1, Lh):
             s[d] = 0
+    loss = 0.0
+    for g in range(NG):
+        loss += lacc[g]
     if want_grad:
+        # rows and columns of the batched positions, from the per-group sums Dacc
+        n_valid = dig.shape[1]
+        for q in range(S):
+            for t in range(h1):
+                i = Lh + t
+                for t2 in range(min(t, h - 1) + 1):
+                    j = Lh + t2
+                    for g in range(n_valid):
+                        H[i, j, q, dig[t2, g]] += Dacc[q, t, g]
+            tot = 0.0
+            for g in range(NG):
+                tot += Dacc[q, h, g]
+            H[T - 1, T - 1, q, q] += tot
         # contract H into G = ∂L/∂P and dA2
         for i in range(T):
             for j in range(i + 1):
@@ -432,8 +843,118 @@ def _prefix_block(blk, parents, fac, pk0, wtab, Q, ctx_pos, X, P, A2, eps, D, wa
 
 
 @njit(cache=True, error_model="numpy")
+def _batch_leaves(S, Lh, eps, want_grad, ep, Zp, Fp, W, Xg, mask, work, lacc, Dacc, B, R):
+    """Forward and backward of every leaf below one batch node (see :func:`loss_grad_prefix`).
+
+    Loops run over the group axis ``g`` (length ``NG``, a multiple of
+    :data:`LANES`) with element-wise bodies, so LLVM vectorizes them; sums
+    over ``g`` use :data:`LANES` accumulators added pairwise at the end (a
+    fixed order). Adds the loss to ``lacc[g]``, the batched rows' ``δ`` to
+    ``Dacc[q, t, g]``, and writes ``B[Lh-1]`` and ``R[Lh-1, :, Lh:]`` for
+    the closure of the batch node (when ``Lh ≥ 1``).
+    """
+    h1 = Xg.shape[1]
+    NG = Xg.shape[2]
+    h = h1 - 1
+    fast = eps >= TINY
+    E = work[0:h1]
+    Fg = work[h1:h1 + S]
+    Rg = work[h1 + S:h1 + 2 * S]
+    Xe = work[h1 + 2 * S:h1 + 3 * S]
+    Zg = work[h1 + 3 * S]
+    invZ = work[h1 + 3 * S + 1]
+    rbar = work[h1 + 3 * S + 2]
+    tmp = work[h1 + 3 * S + 3]
+    lanes = np.empty(LANES)
+    for q in range(S):
+        # forward: exponentials of the batched rows, normaliser, output numerators
+        for t in range(h1):
+            ev = ep[Lh, q, Lh + t]
+            for g in range(NG):
+                E[t, g] = ev * Xg[q, t, g]
+        z0 = Zp[Lh, q]
+        for g in range(NG):
+            Zg[g] = z0
+        for t in range(h1):
+            for g in range(NG):
+                Zg[g] += E[t, g]
+        for g in range(NG):
+            invZ[g] = 1.0 / Zg[g]
+            rbar[g] = 0.0
+        for c in range(S):
+            f0 = Fp[Lh, q, c]
+            for g in range(NG):
+                Fg[c, g] = f0
+            for t in range(h):
+                for g in range(NG):
+                    Fg[c, g] += E[t, g] * mask[t, c, g]
+            if c == q:  # the query position holds token q
+                for g in range(NG):
+                    Fg[c, g] += E[h, g]
+            qc = q * S + c
+            for g in range(NG):
+                f = Fg[c, g] * invZ[g]
+                Fg[c, g] = f
+                Xe[c, g] = f + eps
+            if fast:  # f + ε is a positive normal number: no branch, fast_log
+                for g in range(NG):
+                    x = Xe[c, g]
+                    w = W[qc, g]
+                    lacc[g] -= w * fast_log(x)
+                    rr = -w / x
+                    Rg[c, g] = rr
+                    rbar[g] += Fg[c, g] * rr
+            else:  # ε = 0 (or subnormal): terms with w = 0 skipped, log 0 = -inf
+                for g in range(NG):
+                    x = Xe[c, g]
+                    w = W[qc, g]
+                    if w != 0.0:
+                        lacc[g] -= w * np.log(x)
+                        rr = -w / x
+                    else:
+                        rr = 0.0
+                    Rg[c, g] = rr
+                    rbar[g] += Fg[c, g] * rr
+        if not want_grad:
+            continue
+        # backward: B[c, g] = (r_c - r̄) / Z, summed over g for the batch node
+        for c in range(S):
+            for l in range(LANES):
+                lanes[l] = 0.0
+            for g0 in range(0, NG, LANES):
+                for l in range(LANES):
+                    v = (Rg[c, g0 + l] - rbar[g0 + l]) * invZ[g0 + l]
+                    Rg[c, g0 + l] = v
+                    lanes[l] += v
+            if Lh > 0:
+                B[Lh - 1, q, c] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + (
+                    (lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+        # δ of the batched rows: E[t, g] · B[s_{Lh+t}, g]
+        for t in range(h1):
+            if t < h:
+                for g in range(NG):
+                    tmp[g] = 0.0
+                for c in range(S):
+                    for g in range(NG):
+                        tmp[g] += mask[t, c, g] * Rg[c, g]
+            else:  # the query row: token q
+                for g in range(NG):
+                    tmp[g] = Rg[q, g]
+            for l in range(LANES):
+                lanes[l] = 0.0
+            for g0 in range(0, NG, LANES):
+                for l in range(LANES):
+                    v = E[t, g0 + l] * tmp[g0 + l]
+                    Dacc[q, t, g0 + l] += v
+                    lanes[l] += v
+            if Lh > 0:
+                R[Lh - 1, q, Lh + t] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + (
+                    (lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+
+
+@njit(cache=True, error_model="numpy")
 def _prefix_batch_weights(S, Lh, s, ctx_pos, pk, wtab, Q, W):
-    """Weights of the ``S**h`` leaf groups below the current node at depth ``Lh-1``.
+    """Weights of the leaf groups below the current node at depth ``Lh-1``.
 
     ``W[q·S + c, g] = Σ_k p_k(s_0 … s_{Lh-1}) · Q[ctx, k, g] · π_k(c | q)``
     (atoms in increasing ``k``), where leaf group ``g`` sets positions
@@ -451,9 +972,7 @@ def _prefix_batch_weights(S, Lh, s, ctx_pos, pk, wtab, Q, W):
             W[qc, gi] = 0.0
     for k in range(pk.shape[1]):
         pkk = pk[Lh, k]
-        Qk = Q[ctx, k]
         for qc in range(S2):
             p = wtab[k, qc] * pkk
-            out = W[qc]
             for gi in range(n_groups):
-                out[gi] += p * Qk[gi]
+                W[qc, gi] += p * Q[ctx, k, gi]

@@ -147,6 +147,10 @@ def _multi_block(blk, parents, tp, atoms, pk0, P, A2, eps, D, want_grad, G, dA2)
       (row ``d`` is then the final ``H^h_d``);
     * ``R[d, h, i, c]``: ``Σ Y^h[i, c]`` over the finished leaves of the
       current node at depth ``d`` (all rows ``i``: its ancestors need them).
+
+    The atoms are read through a transposed copy ``(S**k, S, K)`` so that the
+    loops over atoms run over contiguous memory; the sums over atoms run in
+    increasing ``m`` as in :func:`sequence_weight_row_multi` (same bits).
     """
     k = P.shape[0]
     T = P.shape[1]
@@ -204,22 +208,10 @@ def _multi_block(blk, parents, tp, atoms, pk0, P, A2, eps, D, want_grad, G, dA2)
         pkT = pk[T]
         for c in range(S):
             at = atT[rt, c]
-            # four interleaved partial sums (a fixed order, so SIMD-friendly without fastmath)
-            a0 = 0.0
-            a1 = 0.0
-            a2 = 0.0
-            a3 = 0.0
-            m = 0
-            while m + 4 <= K:
-                a0 += pkT[m] * at[m]
-                a1 += pkT[m + 1] * at[m + 1]
-                a2 += pkT[m + 2] * at[m + 2]
-                a3 += pkT[m + 3] * at[m + 3]
-                m += 4
-            while m < K:
-                a0 += pkT[m] * at[m]
-                m += 1
-            w[c] = (a0 + a1) + (a2 + a3)
+            acc = 0.0
+            for m in range(K):
+                acc += pkT[m] * at[m]
+            w[c] = acc
         total = 0.0
         for c in range(S):
             total += w[c]

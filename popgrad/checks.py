@@ -43,6 +43,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from . import _kernels
 from .exact import bayes_loss, count_estimator_loss, exact_loss, exact_loss_and_grad, optimal_loss
 from .model import predict
 from .information import idealized_grad_A1
@@ -62,6 +63,11 @@ __all__ = [
     "loss_sweep",
     "fit_power_law",
     "ood_transition",
+    "not_applicable",
+    "check_head_specialization",
+    "reference_losses_multi",
+    "check_loss_convergence_multi",
+    "check_roots_multi",
 ]
 
 
@@ -83,6 +89,11 @@ class CheckResult(NamedTuple):
         The paper statement checked, in one line.
     details : dict
         Supporting numbers (JSON-serialisable).
+    applicable : bool, default True
+        ``False`` when the check does not apply to the task (e.g. the
+        idealized-gradient check for a multi-parent task): ``value`` and
+        ``threshold`` are NaN, ``passed`` is ``False`` and reports show "n/a"
+        and leave it out of ``all_passed`` (:func:`not_applicable`).
     """
 
     name: str
@@ -92,6 +103,7 @@ class CheckResult(NamedTuple):
     comparison: str
     statement: str
     details: dict
+    applicable: bool = True
 
     def to_dict(self) -> dict:
         return {
@@ -102,6 +114,7 @@ class CheckResult(NamedTuple):
             "comparison": self.comparison,
             "statement": self.statement,
             "details": _jsonable(self.details),
+            "applicable": bool(self.applicable),
         }
 
 
@@ -369,7 +382,7 @@ def ood_transition(S: int, gamma: float = 0.3, seed: int = 2**31 - 1) -> np.ndar
 
 
 def _weighted_quantile(values, weights, q):
-    order = np.argsort(values, kind="stable")
+    order = _kernels.stable_argsort(np.ascontiguousarray(values, dtype=np.float64))  # = argsort(kind="stable")
     cw = np.cumsum(weights[order])
     idx = int(np.searchsorted(cw, q * cw[-1], side="left"))
     return float(values[order][min(idx, len(values) - 1)])
@@ -383,16 +396,26 @@ def sup_error_distribution(task: Task, A1, A2, atoms, atom_weights):
     task.check_size()
     atoms = np.ascontiguousarray(atoms, dtype=float)
     mu = stationary_distribution(atoms)
-    parents = np.ascontiguousarray(task.graph.parents)
+    parents = np.ascontiguousarray(task.graph.parents, dtype=np.int64)
     errs, probs = [], []
-    one = np.ones(1)
-    for seqs, _ in task.enumerate(chunk_size=2**15):
+    S, T = task.S, task.T
+    powers = S ** np.arange(T - 1, -1, -1, dtype=np.int64)
+    for start in range(0, task.n_sequences, 2**15):
+        seqs = (np.arange(start, min(start + 2**15, task.n_sequences), dtype=np.int64)[:, None] // powers) % S
         f = predict(A1, A2, seqs)
         q = seqs[:, -1]
+        # p[k, m]: probability of seqs[m] under atom k alone (bit-identical to sequence_weights_numpy)
+        p = np.empty((atoms.shape[0], len(seqs)))
+        _kernels.atom_prefix_probs(seqs, parents, mu, atoms, p)
+        if S < 8:  # same arithmetic as the NumPy loop below, in one kernel
+            e, pr = np.empty_like(p), np.empty_like(p)
+            _kernels.sup_error_rows(f, q, atoms, p, np.asarray(atom_weights, dtype=float), e, pr)
+            errs.extend(e)
+            probs.extend(pr)
+            continue
         for k in range(atoms.shape[0]):
-            w = sequence_weights_numpy(seqs, parents, mu[k : k + 1], atoms[k : k + 1], one)
             errs.append(np.abs(f - atoms[k][q]).max(axis=1))
-            probs.append(atom_weights[k] * w.sum(axis=1))
+            probs.append(atom_weights[k] * (p[k][:, None] * atoms[k][q]).sum(axis=1))
     return np.concatenate(errs), np.concatenate(probs)
 
 
@@ -450,3 +473,141 @@ def check_roots(task: Task, A1, tol: float = 0.1) -> CheckResult:
         "roots_uniform", value, tol, "<=",
         "in-context root rows of the first layer carry no signal and stay near uniform", details,
     )
+
+
+# ===================================================== multi-parent tasks (issue 7)
+def not_applicable(name: str, statement: str, reason: str) -> CheckResult:
+    """A check that does not apply to the task: NaN value, ``applicable=False``, the reason in the details."""
+    nan = float("nan")
+    return CheckResult(name, nan, nan, False, "n/a", statement, {"reason": reason}, applicable=False)
+
+
+def check_head_specialization(task, A1) -> CheckResult:
+    """Which parent slot each head of a k-head first layer attends to, row by row ("Knowl 9").
+
+    For every head ``h`` and every row ``i`` that has parents (non-roots
+    ``i < T-1``, and the last row, whose parents are the target's), the
+    slot of ``argmax_j softmax(A1^h)[i, j]``: ``s`` if it is ``p(i)_s``
+    (the target's ``s``-th parent for the last row), ``-1`` if it is no
+    parent of ``i``. The heads *split the parents one-to-one* when a single
+    permutation ``σ`` of the slots explains every row: head ``h`` always
+    attends to slot ``σ(h)``.
+
+    Value: the fraction of (head, row) pairs that agree with the best
+    permutation (all ``k!`` are tried for ``k ≤ 6``; for larger ``k`` only the
+    identity); threshold 1; passes when the split is one-to-one. Details:
+    the permutation, each head's slot per row, the attention each head puts
+    on its assigned slot's parent (minimum over rows) and the rows that
+    disagree.
+
+    Parameters
+    ----------
+    task : popgrad.MultiParentTask
+    A1 : array_like, shape (k, T, T)
+    """
+    import itertools
+
+    from .multihead import head_attention
+
+    graph = task.graph
+    k, T = graph.k, graph.T
+    P = head_attention(A1)
+    if P.shape != (k, T, T):
+        raise ValueError(f"A1 must have shape (k, T, T) = ({k}, {T}, {T}) for this task, got {P.shape}")
+    slots = np.stack([graph.slot_parents(s) for s in range(k)])  # (k slots, T)
+    rows = [int(i) for i in np.flatnonzero(slots[0] >= 0)]
+    statement = "each head of layer 1 attends to one parent slot, and the heads split the k slots one-to-one (Knowl 9)"
+    if not rows:
+        return not_applicable("head_specialization", statement, "the graph has no non-root row")
+    arg = P.argmax(axis=2)  # (k, T)
+    slot_of = np.full((k, T), -1, dtype=np.int64)
+    for h in range(k):
+        for i in rows:
+            hit = np.flatnonzero(slots[:, i] == arg[h, i])
+            slot_of[h, i] = int(hit[0]) if hit.size else -1
+    best, sigma = -1, None
+    perms = itertools.permutations(range(k)) if k <= 6 else [tuple(range(k))]
+    for perm in perms:
+        agree = sum(int(np.sum(slot_of[h, rows] == perm[h])) for h in range(k))
+        if agree > best:
+            best, sigma = agree, perm
+    total = k * len(rows)
+    attn = {h: {i: float(P[h, i, slots[sigma[h], i]]) for i in rows} for h in range(k)}
+    disagree = [[h, i] for h in range(k) for i in rows if slot_of[h, i] != sigma[h]]
+    details = {
+        "assignment_head_to_slot": {h: int(sigma[h]) for h in range(k)},
+        "one_to_one": not disagree,
+        "rows": rows,
+        "slot_by_head_and_row": {h: {i: int(slot_of[h, i]) for i in rows} for h in range(k)},
+        "min_attention_on_assigned_parent": {h: min(attn[h].values()) for h in range(k)},
+        "attention_on_assigned_parent": attn,
+        "disagreeing_head_row_pairs": disagree,
+        "note": "slot -1: the row's argmax is not one of its parents",
+    }
+    value = best / total
+    return CheckResult("head_specialization", float(value), 1.0, not disagree, ">=", statement, details)
+
+
+def reference_losses_multi(task, eps=None) -> dict:
+    """Reference losses of a multi-parent task (exact for its finite prior), like :func:`reference_losses`.
+
+    ``L_count`` is the count estimator of "Knowl 9"; ``L_count_model_limit``
+    the model's own ``β → ∞`` limit at the construction (they differ by the
+    self-match of the last position, :func:`popgrad.multihead.count_estimator_predict_multi`).
+    """
+    from .multihead import bayes_loss_multi, count_estimator_loss_multi, optimal_loss_multi
+
+    eps = task.default_eps if eps is None else float(eps)
+    return {
+        "eps": eps,
+        "L_star": float(optimal_loss_multi(task)),
+        "L_bayes": float(bayes_loss_multi(task)),
+        "L_star_eps": float(optimal_loss_multi(task, eps=eps)),
+        "L_bayes_eps": float(bayes_loss_multi(task, eps=eps)),
+        "L_count": float(count_estimator_loss_multi(task, eps=eps)),
+        "L_count_model_limit": float(count_estimator_loss_multi(task, eps=eps, model_limit=True)),
+    }
+
+
+def check_loss_convergence_multi(task, A1, A2, beta0: float, eps=None, references=None,
+                                 init_seed: int = 0, init_scale: float = 0.0) -> CheckResult:
+    """Loss of a trained k-head model against the references (the k-head analogue of :func:`check_loss_convergence`).
+
+    Value: ``L_ε(θ̂) - L_ε(count estimator of "Knowl 9")``, threshold 0.
+    Details: the initial loss (at :func:`popgrad.multidynamics.initial_parameters`)
+    and the gaps to every reference.
+    """
+    from .multidynamics import initial_parameters
+    from .multihead import exact_loss_multi
+
+    refs = reference_losses_multi(task, eps) if references is None else references
+    A1_0, A2_0 = initial_parameters(task, beta0, init_seed, init_scale)
+    L0 = exact_loss_multi(task, A1_0, A2_0, eps)
+    L = exact_loss_multi(task, A1, A2, eps)
+    details = dict(
+        loss_init=L0, loss_final=L, excess_over_L_star=L - refs["L_star"],
+        excess_over_L_star_eps=L - refs["L_star_eps"], excess_over_bayes_eps=L - refs["L_bayes_eps"],
+        excess_over_count=L - refs["L_count"], **refs,
+    )
+    statement = ("the trained k-head model is at least as good as the multi-parent count estimator of "
+                 "Knowl 9 (same eps)")
+    return _result("loss_convergence", L - refs["L_count"], 0.0, "<=", statement, details)
+
+
+def check_roots_multi(task, A1, tol: float = 0.1) -> CheckResult:
+    """Root rows ``i < T-1`` of every head stay near uniform (the k-head :func:`check_roots`).
+
+    Value: the largest total-variation distance to uniform over heads and
+    root rows ``0 < i < T-1`` (row 0 is trivially uniform); threshold ``tol``.
+    """
+    from .multihead import head_attention
+
+    P = head_attention(A1)
+    T = task.T
+    roots = [int(i) for i in task.graph.roots if 0 < i < T - 1]
+    per = {h: {i: float(0.5 * np.abs(P[h, i, : i + 1] - 1.0 / (i + 1)).sum()) for i in roots}
+           for h in range(P.shape[0])}
+    value = max((v for d in per.values() for v in d.values()), default=0.0)
+    return _result("roots_uniform", value, tol, "<=",
+                   "in-context root rows of every head carry no signal and stay near uniform",
+                   {"per_head_root_tv": per})

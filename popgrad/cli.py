@@ -19,6 +19,7 @@ import sys
 import time
 
 from . import __version__
+from .multirun import MULTI_PARENT_GRAPHS, build_multi_task, run_multi  # the k-head job (multi-parent graphs)
 
 #: Built-in defaults of ``popgrad run`` (the induction-head task).
 DEFAULTS = dict(
@@ -28,6 +29,7 @@ DEFAULTS = dict(
     alpha=1.0,
     atoms=8,
     seed=0,
+    n=3,  # --graph ngram: the n of the n-gram (multi-parent graphs, issue 7)
     uniform_mean=False,
     beta0=1e-3,
     lr1=2.0,
@@ -51,12 +53,19 @@ class CLIError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
+#: Defaults that replace :data:`DEFAULTS` for ``--graph ngram|two-parent`` unless given in the config
+#: file or by a flag: k heads train jointly from a seeded start (see popgrad.multidynamics).
+MULTI_PARENT_DEFAULTS = dict(S=2, T=12, atoms=16, beta0=2.0, lr1=2.0, steps1=3000, steps2=0, schedule="joint",
+                             record_every=50, checkpoint_every=500)
+
+
 # ------------------------------------------------------------------ config
 def _types():
     return {
         "graph": str, "S": int, "T": int, "alpha": float, "atoms": int, "seed": int, "uniform_mean": bool, "beta0": float,
         "lr1": float, "steps1": int, "lr2": float, "steps2": int, "gradient": str, "schedule": str,
         "record_every": int, "checkpoint_every": int, "sweep": bool, "out": str, "max_sequences": int,
+        "n": int,
     }
 
 
@@ -90,12 +99,16 @@ def load_config_file(path) -> dict:
 
 def resolve_config(args) -> dict:
     cfg = dict(DEFAULTS)
-    if args.config is not None:
-        cfg.update(load_config_file(args.config))
+    from_file = load_config_file(args.config) if args.config is not None else {}
+    cfg.update(from_file)
     for key in DEFAULTS:
         v = getattr(args, key, None)
         if v is not None:
             cfg[key] = v
+    if cfg["graph"] in MULTI_PARENT_GRAPHS:  # k-head training defaults, unless set in the file or by a flag
+        for key, value in MULTI_PARENT_DEFAULTS.items():
+            if key not in from_file and getattr(args, key, None) is None:
+                cfg[key] = value
     return cfg
 
 
@@ -111,7 +124,10 @@ def build_graph(spec: str, T: int, seed: int):
         return random_tree(T, seed=seed, root_prob=0.2)
     if "," in spec or spec.lstrip("-").isdigit():
         return CausalGraph.from_string(spec)
-    raise CLIError(f"unknown --graph {spec!r}: use chain, icl, random, or a parents string such as -1,0,0,1,-1")
+    raise CLIError(
+        f"unknown --graph {spec!r}: use chain, icl, random, ngram (with --n), two-parent, "
+        "or a parents string such as -1,0,0,1,-1"
+    )
 
 
 def graph_family(spec: str, seed: int):
@@ -124,6 +140,9 @@ def graph_family(spec: str, seed: int):
 def build_task(cfg: dict):
     from .priors import dirichlet_prior
     from .task import Task
+
+    if cfg["graph"] in MULTI_PARENT_GRAPHS:
+        return build_multi_task(cfg)
 
     S, T = cfg["S"], cfg["T"]
     if not 2 <= S <= MAX_S:
@@ -151,6 +170,8 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print) -> di
     from .report import build_report, write_report
 
     task = build_task(cfg)
+    if cfg["graph"] in MULTI_PARENT_GRAPHS:  # k heads: popgrad.multirun
+        return run_multi(cfg, task, resume=resume, progress=progress, log=log)
     if cfg["gradient"] not in ("exact", "idealized"):
         raise CLIError(f"--gradient {cfg['gradient']!r}: use exact or idealized")
     if cfg["schedule"] not in ("two-stage", "joint"):
@@ -216,7 +237,9 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print) -> di
 # ------------------------------------------------------------------ parser
 def _add_task_flags(p):
     p.add_argument("--config", metavar="FILE.toml", help="settings file; flags override it")
-    p.add_argument("--graph", help="chain | icl | random | a parents string such as -1,0,0,1,-1 (default chain)")
+    p.add_argument("--graph", help="chain | icl | random | ngram | two-parent | a parents string such as "
+                                   "-1,0,0,1,-1 (default chain)")
+    p.add_argument("--n", type=int, help="n of --graph ngram: n-1 parents per token (default 3)")
     p.add_argument("--S", type=int, help=f"alphabet size (default {DEFAULTS['S']})")
     p.add_argument("--T", type=int, help=f"sequence length incl. the query (default {DEFAULTS['T']})")
     p.add_argument("--alpha", type=float, help="Dirichlet concentration of the prior (default 1.0)")

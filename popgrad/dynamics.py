@@ -38,7 +38,7 @@ from .information import idealized_grad_A1
 from .model import first_layer_attention
 from .task import Task
 
-__all__ = ["TrainConfig", "Trajectory", "train_two_stage", "attention_to_parent", "load_checkpoint"]
+__all__ = ["TrainConfig", "MultiHeadTrainConfig", "Trajectory", "train_two_stage", "attention_to_parent", "load_checkpoint"]
 
 GRADIENTS = ("exact", "idealized")
 SCHEDULES = ("two-stage", "joint")
@@ -98,6 +98,31 @@ class TrainConfig:
             raise ValueError("schedule='joint' needs gradient='exact' (the idealized gradient only covers Stage 1)")
         if self.eps is not None and not (math.isfinite(self.eps) and self.eps >= 0):
             raise ValueError(f"eps must be None or a finite number >= 0, got {self.eps}")
+        return self
+
+
+@dataclass(frozen=True)
+class MultiHeadTrainConfig(TrainConfig):
+    """:class:`TrainConfig` of a k-head run (:func:`popgrad.train_multi_head`): adds the seeded start.
+
+    ``A1^h(0) = init_scale · N(0, 1)`` from ``numpy.random.default_rng(init_seed)``;
+    ``gradient`` must be ``"exact"``.
+    """
+
+    init_seed: int = 0
+    init_scale: float = 0.1
+
+    def validate(self) -> "MultiHeadTrainConfig":
+        super().validate()
+        if self.gradient != "exact":
+            raise ValueError("gradient must be 'exact' for k heads (there is no idealized k-head gradient)")
+        if isinstance(self.init_seed, bool) or not isinstance(self.init_seed, (int, np.integer)) or self.init_seed < 0:
+            raise ValueError(f"init_seed must be an integer >= 0, got {self.init_seed!r}")
+        v = self.init_scale
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) or not (
+            math.isfinite(v) and v >= 0
+        ):
+            raise ValueError(f"init_scale must be a finite number >= 0 (0 gives identical heads), got {v!r}")
         return self
 
 
@@ -182,7 +207,8 @@ class Trajectory:
     def load(cls, path) -> "Trajectory":
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in ("step", "stage", "loss", "grad_norm", "cosine", "attn_parent", "A1", "A2")}
-            cfg = TrainConfig(**json.loads(str(z["config_json"])))
+            cfg_dict = json.loads(str(z["config_json"]))
+            cfg = (MultiHeadTrainConfig if "init_seed" in cfg_dict else TrainConfig)(**cfg_dict)
             return cls(**arrays, status=str(z["status"]), message=str(z["message"]), config=cfg)
 
 

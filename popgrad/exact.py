@@ -68,10 +68,12 @@ Reference losses (DESIGN §7)
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import sys
 import warnings
+from collections import OrderedDict
 from typing import NamedTuple
 
 import numpy as np
@@ -85,6 +87,9 @@ __all__ = [
     "exact_loss_and_grad",
     "exact_loss",
     "exact_loss_and_grad_numpy",
+    "symmetry_applies",
+    "canonical_count",
+    "canonical_sequences",
     "optimal_loss",
     "bayes_loss",
     "count_estimator_loss",
@@ -108,12 +113,29 @@ PREFIX_TABLE_MAX = 2**18
 #: Smaller tasks run on the calling thread: waking the thread pool costs
 #: more than it saves (and a scheduler tick when other processes compete).
 PARALLEL_MIN_SEQUENCES = 2**15
+#: The prefix engine keeps the leaf weights of every batch node (they depend on the task only,
+#: not on ``A1, A2``) when they fit in this many bytes: later calls read them instead of
+#: recomputing ``K·S²`` products per leaf group (the first call computes and stores them).
+WEIGHT_CACHE_BYTES = 2**24
 #: Smallest number of sequences per block of the direct engine.
 DIRECT_BLOCK_SEQUENCES = 4096
 #: Largest number of blocks (one ``T×T`` slot each) of either engine.
 MAX_BLOCKS = 1024
 #: Sequences per chunk of the NumPy reference and the reference losses.
 NUMPY_CHUNK = 2**14
+#: Values of the ``symmetry`` argument: ``"auto"`` uses the orbit reduction when it is exact,
+#: ``"off"`` never, ``"on"`` requires it (``ValueError`` otherwise).
+SYMMETRY_MODES = ("auto", "on", "off")
+#: ``A2`` counts as in ``span{I, 11ᵀ}`` when its diagonal entries, and its off-diagonal
+#: entries, agree to this relative tolerance (it is then projected onto the span).
+SPAN_RTOL = 1e-15
+#: Relative tolerance on the stationary distributions of relabeled atoms (see ``_exactly_closed``).
+MU_RTOL = 1e-12
+#: Largest alphabet for the orbit reduction (``S!`` relabelings are checked once per prior).
+MAX_SYMMETRY_S = 8
+#: With the orbit reduction, the prefix engine fixes more leading positions until there are
+#: at least this many blocks (canonical prefixes), for load balance across threads.
+SYM_MIN_BLOCKS = 32
 
 
 class LossAndGrad(NamedTuple):
@@ -136,7 +158,7 @@ class LossAndGrad(NamedTuple):
 
 
 # ================================================================ public API
-def exact_loss_and_grad(task, A1, A2, eps=None) -> LossAndGrad:
+def exact_loss_and_grad(task, A1, A2, eps=None, symmetry="auto") -> LossAndGrad:
     """Exact population loss and gradients of the reduced model (DESIGN §3–§4).
 
     Parameters
@@ -153,6 +175,15 @@ def exact_loss_and_grad(task, A1, A2, eps=None) -> LossAndGrad:
         (``T_eff ** -0.5``). With ``ε = 0`` a token with zero predicted mass
         and positive weight makes the loss ``inf`` (a ``RuntimeWarning`` is
         issued and ``dA1``, ``dA2`` are NaN: the gradient is undefined).
+    symmetry : {"auto", "off", "on"}, default "auto"
+        Exact relabeling-orbit reduction (DESIGN §10): when the prior is
+        exactly closed under token relabeling and ``A2 ∈ span{I, 11ᵀ}``
+        (:func:`symmetry_applies`), only one canonical sequence per orbit is
+        enumerated (about ``S!`` fewer), weighted by its orbit size, and
+        ``dA2`` is symmetrized back; the result equals the full enumeration
+        up to rounding (and ``dA2`` lies exactly in the span). ``"auto"``
+        uses it when it applies, ``"off"`` never, ``"on"`` raises
+        ``ValueError`` when it does not apply.
 
     Returns
     -------
@@ -167,10 +198,10 @@ def exact_loss_and_grad(task, A1, A2, eps=None) -> LossAndGrad:
         If ``S**T`` exceeds ``task.max_sequences`` (raised before any work).
     """
     A1, A2, eps = _validate(task, A1, A2, eps)
-    return _exact(task, A1, A2, eps, want_grad=True)
+    return _exact(task, A1, A2, eps, want_grad=True, symmetry=symmetry)
 
 
-def exact_loss(task, A1, A2, eps=None) -> float:
+def exact_loss(task, A1, A2, eps=None, symmetry="auto") -> float:
     """Exact population loss only (forward pass; cheaper than :func:`exact_loss_and_grad`).
 
     Same parameters, conventions and errors as :func:`exact_loss_and_grad`.
@@ -181,10 +212,10 @@ def exact_loss(task, A1, A2, eps=None) -> float:
         ``L = -Σ_s Σ_c w(s, c) log(f_c(s) + ε)``.
     """
     A1, A2, eps = _validate(task, A1, A2, eps)
-    return _exact(task, A1, A2, eps, want_grad=False).loss
+    return _exact(task, A1, A2, eps, want_grad=False, symmetry=symmetry).loss
 
 
-def exact_loss_and_grad_numpy(task, A1, A2, eps=None) -> LossAndGrad:
+def exact_loss_and_grad_numpy(task, A1, A2, eps=None, symmetry="off") -> LossAndGrad:
     """Plain-NumPy reference of :func:`exact_loss_and_grad` (same result, slower).
 
     Enumerates sequences in chunks of :data:`NUMPY_CHUNK` with weights from
@@ -193,11 +224,24 @@ def exact_loss_and_grad_numpy(task, A1, A2, eps=None) -> LossAndGrad:
     ``u = V Pᵀ``, ``a = softmax(u)``, ``G += Δᵀ V``, ``E = Δ P`` scattered
     into ``dA2[q, s_j]``, and the softmax Jacobian once at the end.
     Independent of the numba kernels; the tests compare the two.
+
+    ``symmetry`` defaults to ``"off"`` (every sequence); with ``"auto"`` or
+    ``"on"`` it sums over :func:`canonical_sequences` with orbit weights and
+    symmetrizes ``dA2`` (the reference of the orbit reduction).
     """
     A1, A2, eps = _validate(task, A1, A2, eps)
+    task.check_size()
+    if symmetry not in SYMMETRY_MODES:
+        raise ValueError(f"symmetry must be one of {SYMMETRY_MODES}, got {symmetry!r}")
+    sym = False
+    if symmetry != "off":
+        sym, A2s = _symmetry_check(task, A2)
+        if symmetry == "on" and not sym:
+            raise ValueError("symmetry='on' needs a relabeling-closed prior and A2 in span{I, 11^T}")
+        A2 = A2s if sym else A2
     P = first_layer_attention(A1)
-    loss, G, dA2 = _numpy_sums(task, P, A2, eps, 0, task.n_sequences)
-    return _finish(loss, G, dA2, P)
+    loss, G, dA2 = _numpy_sums(task, P, A2, eps, canonical=sym)
+    return _finish(loss, G, _symmetrize_dA2(dA2) if sym else dA2, P)
 
 
 def optimal_loss(task, eps=0.0) -> float:
@@ -227,7 +271,7 @@ def optimal_loss(task, eps=0.0) -> float:
     return float(-np.dot(task.prior.weights, plogp.sum(axis=(1, 2))) / task.S)
 
 
-def bayes_loss(task, eps=0.0) -> float:
+def bayes_loss(task, eps=0.0, symmetry="auto") -> float:
     """Bayes loss ``H(y | s) = -Σ_s Σ_c w(s,c) log(w(s,c) / Σ_c' w(s,c'))``.
 
     The conditional entropy of the target given the sequence under the
@@ -242,6 +286,11 @@ def bayes_loss(task, eps=0.0) -> float:
         loss ``-Σ w log(w/Σ_c' w + ε)`` of the same (posterior-predictive)
         predictor, to compare with a model loss at the same ``ε`` (it is
         then not a lower bound). ``None`` means ``task.default_eps``.
+    symmetry : {"auto", "off"}, default "auto"
+        With a prior exactly closed under relabeling the sum is invariant
+        under relabeling ``(s, c) → (σs, σc)``: ``"auto"`` sums over one
+        canonical sequence per orbit, times the orbit size (about ``S!``
+        fewer terms; equal up to rounding).
 
     Returns
     -------
@@ -256,10 +305,14 @@ def bayes_loss(task, eps=0.0) -> float:
     eps = _check_eps(task, eps)
     task.check_size()
     total = 0.0
-    for _, w in task.enumerate(chunk_size=NUMPY_CHUNK):
+    for _, w, mult in _weighted_sequences(task, symmetry):
         ws = w.sum(axis=1, keepdims=True)
         pos = w > 0
-        total -= float(np.sum(w[pos] * np.log((w / np.where(ws > 0, ws, 1.0))[pos] + eps)))
+        if mult is None:
+            total -= float(np.sum(w[pos] * np.log((w / np.where(ws > 0, ws, 1.0))[pos] + eps)))
+        else:
+            terms = np.where(pos, w * np.log(np.where(pos, w / np.where(ws > 0, ws, 1.0), 1.0) + eps), 0.0)
+            total -= float(terms.sum(axis=1) @ mult)
     return total
 
 
@@ -327,7 +380,7 @@ def count_estimator_predict(graph, seqs, S, model_limit=False) -> np.ndarray:
     return f
 
 
-def count_estimator_loss(task, eps=None, model_limit=False) -> float:
+def count_estimator_loss(task, eps=None, model_limit=False, symmetry="auto") -> float:
     """Exact loss of the in-context transition-count estimator ("Knowl 8").
 
     ``L = -Σ_s Σ_c w(s,c) log(f̂_c(s) + ε)`` with ``f̂`` from
@@ -345,6 +398,10 @@ def count_estimator_loss(task, eps=None, model_limit=False) -> float:
     model_limit : bool, default False
         Score the model's ``β1, β2 → ∞`` limit on every sequence instead:
         this is the limit of :func:`construction_loss`.
+    symmetry : {"auto", "off"}, default "auto"
+        The estimator is equivariant under token relabeling, so with a prior
+        exactly closed under relabeling ``"auto"`` sums over one canonical
+        sequence per orbit times the orbit size (equal up to rounding).
 
     Returns
     -------
@@ -355,11 +412,15 @@ def count_estimator_loss(task, eps=None, model_limit=False) -> float:
     task.check_size()
     total = 0.0
     S = task.S
-    for seqs, w in task.enumerate(chunk_size=NUMPY_CHUNK):
+    for seqs, w, mult in _weighted_sequences(task, symmetry):
         f = count_estimator_predict(task.graph, seqs, S, model_limit=model_limit)
         pos = w > 0
-        with np.errstate(divide="ignore"):
-            total -= float(np.sum(w[pos] * np.log(f[pos] + eps)))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if mult is None:
+                total -= float(np.sum(w[pos] * np.log(f[pos] + eps)))
+            else:
+                terms = np.where(pos, w * np.log(np.where(pos, f, 1.0) + eps), 0.0)
+                total -= float(terms.sum(axis=1) @ mult)
     if math.isinf(total):
         _warn_inf("count_estimator_loss")
     return total
@@ -393,53 +454,406 @@ def construction_loss(task, beta1, beta2, eps=None) -> float:
 
 
 # ============================================================ implementation
-def _exact(task, A1, A2, eps, want_grad, engine=None) -> LossAndGrad:
-    """Run a numba engine on validated input; ``engine`` in {None, "prefix", "direct"}."""
+class _Plan(NamedTuple):
+    """Everything the prefix engine needs that depends on the task (and mode) only, not on ``A1, A2``."""
+
+    parents: np.ndarray
+    fac: np.ndarray
+    pk0: np.ndarray
+    wtab: np.ndarray
+    Q: np.ndarray
+    ctx_pos: np.ndarray
+    mask: np.ndarray
+    dig: np.ndarray
+    ofac: np.ndarray
+    prefixes: np.ndarray
+    order: np.ndarray
+    n_groups: int  # NG: S**h padded to a multiple of _kernels.LANES
+    sequences: int  # sequences the engine visits (canonical ones with symmetry)
+    parallel: bool
+    bstart: np.ndarray  # first batch node of each block in the weight cache
+    wcache: list  # [] until the first call fills it with the (n_batch, S*S, NG) weights (if small enough)
+    n_batch: int
+
+
+_NO_CACHE = np.zeros((0, 0, 0))
+_PLANS = OrderedDict()  # (id(task), sym, tunables) -> (task, plan); the task is kept alive so its id stays valid
+_PLAN_CACHE_SIZE = 16
+_CLOSED = OrderedDict()  # id(prior) -> (prior, bool)
+
+
+def _exact(task, A1, A2, eps, want_grad, engine=None, symmetry="auto") -> LossAndGrad:
+    """Run a numba engine on validated input.
+
+    ``engine`` in {None, "prefix", "direct"}; ``symmetry`` in {"auto", "on", "off"}.
+    Kept lean: the training loop calls it thousands of times on small tasks.
+    """
     task.check_size()
+    if symmetry not in SYMMETRY_MODES:
+        raise ValueError(f"symmetry must be one of {SYMMETRY_MODES}, got {symmetry!r}")
     S, T = task.S, task.T
-    P = first_layer_attention(A1)
     A2 = np.ascontiguousarray(A2, dtype=np.float64)
+    sym = False
+    if symmetry != "off":
+        sym, A2s = _symmetry_check(task, A2)
+        if symmetry == "on" and not sym:
+            raise ValueError(
+                "symmetry='on' needs a prior closed under token relabeling (exactly) and A2 in "
+                "span{I, 11^T} (equal diagonal entries, equal off-diagonal entries); use symmetry='auto'"
+            )
+        if sym:
+            A2 = A2s
+    P = np.empty((T, T))
+    _kernels.attention(np.ascontiguousarray(A1, dtype=np.float64), P)
     if engine is None:
-        engine = "prefix" if float(np.max(A2.max(axis=1) - A2.min(axis=1))) <= A2_RANGE_LIMIT else "direct"
-    parents, mu, atoms, prior_w = task.kernel_arrays()
+        engine = "prefix" if _kernels.row_range(A2) <= A2_RANGE_LIMIT else "direct"
     if engine == "prefix":
-        n_fixed = _prefix_n_fixed(S, T)
-        h, ctx_pos = _prefix_batch_plan(parents, S, T, n_fixed, atoms.shape[0])
-        n_blocks = S**n_fixed
+        plan = _prefix_plan(task, sym)
+        X = np.empty((T, S, S, T))
+        Xg = np.empty((S, plan.dig.shape[0] + 1, plan.n_groups))
+        _kernels.exp_tables(P, A2, plan.dig, X, Xg)
+        n_blocks = plan.prefixes.shape[0]
         loss_s, G_s, dA2_s = _slots(n_blocks, T, S)
-        K = atoms.shape[0]
-        fac = np.empty((T - 1, S, S, K))
-        for d in range(T - 1):
-            fac[d] = mu.T[None, :, :] if parents[d] < 0 else atoms.transpose(1, 2, 0)
-        Q = _batch_factor_table(parents, mu, atoms, T - 1 - h, h, ctx_pos)
-        wtab = np.ascontiguousarray(atoms.reshape(K, S * S))
-        shift = A2.max(axis=1)
-        # X[j, b, q, i] = exp(P[i, j] (A2[q, b] - shift[q]))
-        X = np.exp(P.T[:, None, None, :] * (A2 - shift[:, None]).T[None, :, :, None])
-        kernel = _kernels.loss_grad_prefix if _parallel(n_blocks, S**T) else _kernels.loss_grad_prefix_serial
-        kernel(parents, fac, prior_w / S, wtab, Q, ctx_pos, X, P, A2, float(eps), n_fixed, bool(want_grad),
-               loss_s, G_s, dA2_s)
+        if plan.wcache:
+            Wc, wmode = plan.wcache[0], 2
+        elif plan.n_batch * S * S * plan.n_groups * 8 <= WEIGHT_CACHE_BYTES:
+            Wc, wmode = np.empty((plan.n_batch, S * S, plan.n_groups)), 1
+        else:
+            Wc, wmode = _NO_CACHE, 0
+        kernel = _kernels.loss_grad_prefix if plan.parallel else _kernels.loss_grad_prefix_serial
+        kernel(plan.parents, plan.fac, plan.pk0, plan.wtab, plan.Q, plan.ctx_pos, X, Xg, plan.mask, plan.dig,
+               plan.ofac, P, A2, float(eps), plan.prefixes, plan.order, sym, Wc, plan.bstart, wmode,
+               bool(want_grad), loss_s, G_s, dA2_s)
+        if wmode == 1:
+            plan.wcache.append(Wc)
     elif engine == "direct":
+        parents, mu, atoms, prior_w = task.kernel_arrays()
         n_total = S**T
         block_size = max(DIRECT_BLOCK_SEQUENCES, -(-n_total // MAX_BLOCKS))
         n_blocks = -(-n_total // block_size)
         loss_s, G_s, dA2_s = _slots(n_blocks, T, S)
         kernel = _kernels.loss_grad_direct if _parallel(n_blocks, n_total) else _kernels.loss_grad_direct_serial
-        kernel(parents, mu, atoms, prior_w, P, A2, float(eps), block_size, bool(want_grad), loss_s, G_s, dA2_s)
+        kernel(parents, mu, atoms, prior_w, P, A2, float(eps), block_size, sym, _orbit_sizes(S), bool(want_grad),
+               loss_s, G_s, dA2_s)
     else:
         raise ValueError(f"engine must be 'prefix' or 'direct', got {engine!r}")
     loss = float(_kernels.sum_slots(loss_s, G_s, dA2_s))  # in block order; totals land in slot 0
-    G, dA2 = G_s[0], dA2_s[0].copy()
     if not want_grad:
         if math.isinf(loss):
             _warn_inf("exact_loss")
         return LossAndGrad(loss, None, None)
-    return _finish(loss, G, dA2, P)
+    dA1 = np.empty((T, T))
+    _kernels.finish_grad(G_s[0], P, dA1)
+    if sym:
+        dA2 = np.empty((S, S))
+        _kernels.symmetrize_span(dA2_s[0], dA2)
+    else:
+        dA2 = dA2_s[0].copy()
+    if math.isinf(loss):
+        _warn_inf("exact_loss_and_grad")
+        dA1[:] = np.nan
+        dA2[:] = np.nan
+    return LossAndGrad(loss, dA1, dA2)
 
 
 def _parallel(n_blocks, n_sequences) -> bool:
     """Use the thread pool only when there is enough work (the blocks, hence the bits, are the same)."""
     return n_blocks > 1 and n_sequences >= PARALLEL_MIN_SEQUENCES
+
+
+# ------------------------------------------------------------ symmetry
+def symmetry_applies(task, A2) -> bool:
+    """Whether the exact engine uses the relabeling-orbit reduction for ``(task, A2)`` (DESIGN §10).
+
+    True when the prior is *exactly* closed under all ``S!`` token
+    relabelings (every relabeled atom equals an atom bit for bit, with the
+    same merged weight to ``1e-14`` relative) and ``A2 ∈ span{I, 11ᵀ}``
+    (equal diagonal entries and equal off-diagonal entries, exactly or to
+    ``SPAN_RTOL = 1e-15`` relative to ``max|A2|``). ``S ≤ MAX_SYMMETRY_S``.
+    """
+    _check_task(task)
+    A2 = _check_square(A2, "A2")
+    if A2.shape != (task.S, task.S):
+        raise ValueError(f"A2 must have shape (S, S) = ({task.S}, {task.S}) for this task, got {A2.shape}")
+    return _symmetry_check(task, A2)[0]
+
+
+def _symmetry_check(task, A2):
+    """``(applies, A2 projected onto span{I, 11ᵀ})``."""
+    S = task.S
+    if S > MAX_SYMMETRY_S or not _exactly_closed(task.prior):
+        return False, A2
+    kind = _kernels.span_kind(A2, SPAN_RTOL)
+    if kind == 1:
+        return True, A2
+    if kind == 2:
+        eye = np.eye(S, dtype=bool)
+        return True, np.where(eye, np.diagonal(A2).mean(), A2[~eye].mean())
+    return False, A2
+
+
+def _exactly_closed(prior) -> bool:
+    """Exact closure of the weighted atom set under relabeling (cached per prior).
+
+    The weights ``w(s, c)`` use each atom ``π_k`` *and* its stationary
+    distribution ``μ_k`` (for the roots). Atoms are compared bit for bit
+    (merged when identical, ``-0.0`` counts as ``0.0``): the prior is closed
+    when every relabeling ``σ π σ⁻¹`` of every merged atom is a merged atom
+    of the same weight (to ``1e-14`` relative) whose ``μ`` is ``μ ∘ σ⁻¹``
+    entrywise to ``MU_RTOL = 1e-12`` relative (GTH is entrywise accurate,
+    but not bit-equivariant). Comparing ``μ`` matters for reducible atoms,
+    whose stationary distribution is not unique: for the identity matrix
+    GTH returns ``μ = e_0``, which is not relabeling-equivariant. Cost
+    ``O(S! · K · S²)`` with hashing. This implies
+    ``prior.is_relabeling_closed()`` (atoms only, to ``1e-10``).
+    """
+    key = id(prior)
+    hit = _CLOSED.get(key)
+    if hit is not None and hit[0] is prior:
+        return hit[1]
+    S = prior.S
+    table = {}  # atom bytes -> [weight, mu]
+    for a, mu, wk in zip(np.ascontiguousarray(prior.atoms) + 0.0, prior.stationary, prior.weights):
+        entry = table.setdefault(a.tobytes(), [0.0, mu])
+        entry[0] += float(wk)
+        if np.any(np.abs(entry[1] - mu) > MU_RTOL * np.abs(mu)):
+            table[a.tobytes()][1] = np.full(S, np.nan)  # identical atoms, different mu: never matches
+    wmax = max(e[0] for e in table.values())
+    closed = True
+    for perm in itertools.permutations(range(S)):
+        perm = np.asarray(perm)
+        for k, (wk, mu) in table.items():
+            moved = np.empty((S, S))
+            moved[np.ix_(perm, perm)] = np.frombuffer(k).reshape(S, S)
+            hit2 = table.get(moved.tobytes())
+            if hit2 is None or abs(hit2[0] - wk) > 1e-14 * wmax:
+                closed = False
+                break
+            mu_moved = np.empty(S)
+            mu_moved[perm] = mu
+            if not np.all(np.abs(hit2[1] - mu_moved) <= MU_RTOL * np.abs(mu_moved)):
+                closed = False
+                break
+        if not closed:
+            break
+    _CLOSED[key] = (prior, closed)
+    while len(_CLOSED) > _PLAN_CACHE_SIZE:
+        _CLOSED.popitem(last=False)
+    return closed
+
+
+def _symmetrize_dA2(D) -> np.ndarray:
+    """Average of ``σ D σᵀ`` over all relabelings: mean diagonal on the diagonal, mean off-diagonal elsewhere.
+
+    For ``A2 ∈ span{I, 11ᵀ}`` and a closed prior the full ``dA2`` is this
+    average of the canonical-sequence sum ``D`` (DESIGN §10), and it lies
+    exactly in the span (so a Stage-2 step keeps ``A2`` in it bit for bit).
+    """
+    S = D.shape[0]
+    eye = np.eye(S, dtype=bool)
+    return np.where(eye, np.trace(D) / S, D[~eye].sum() / (S * (S - 1)))
+
+
+def _orbit_sizes(S) -> np.ndarray:
+    """``orbit[m] = S!/(S-m)!``: relabelings of a sequence with ``m`` distinct tokens (``m = 0 … S``)."""
+    return np.array([math.perm(S, m) for m in range(S + 1)], dtype=np.float64)
+
+
+def canonical_count(S, n) -> int:
+    """Number of canonical sequences of length ``n`` over ``[S]`` (first occurrences in order ``0, 1, …``).
+
+    ``Σ_{m ≤ S} Stirling2(n, m)``: one per relabeling orbit; ``Σ`` over them of
+    the orbit sizes ``S!/(S-m)!`` is ``S**n``.
+    """
+    row = [1] + [0] * S  # row[m]: sequences of the current length with m distinct tokens
+    for _ in range(n):
+        row = [0] + [row[m] * m + row[m - 1] for m in range(1, S + 1)]
+        row[0] = 0
+    return int(sum(row)) if n > 0 else 1
+
+
+def canonical_sequences(S, n) -> np.ndarray:
+    """All canonical sequences of length ``n`` in lexicographic order, int64 ``(count, n)``."""
+    return _continuations(S, n, 0)
+
+
+def _continuations(S, n, m0):
+    """Canonical continuations of length ``n`` after a prefix that used tokens ``0 … m0-1``, int64 ``(count, n)``."""
+    seqs = np.zeros((1, 0), dtype=np.int64)
+    mx = np.full(1, m0 - 1, dtype=np.int64)
+    for _ in range(n):
+        nxt = np.minimum(mx + 1, S - 1)
+        counts = nxt + 1
+        rows = np.repeat(np.arange(len(seqs)), counts)
+        tok = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        seqs = np.concatenate([seqs[rows], tok[:, None]], axis=1)
+        mx = np.maximum(mx[rows], tok)
+    return seqs
+
+
+def _canonical_chunks(S, T, chunk):
+    """The canonical sequences of length ``T`` in lexicographic order, in chunks of about ``chunk`` rows."""
+    r = 0
+    while r < T and S ** (r + 1) <= chunk:
+        r += 1
+    prefixes = canonical_sequences(S, T - r)
+    tails = [_continuations(S, r, m) for m in range(S + 1)]
+    used = prefixes.max(axis=1) + 1 if T - r > 0 else np.zeros(len(prefixes), dtype=np.int64)
+    buf, n = [], 0
+    for p, m in zip(prefixes, used):
+        tail = tails[int(m)]
+        buf.append(np.concatenate([np.broadcast_to(p, (len(tail), T - r)), tail], axis=1))
+        n += len(tail)
+        if n >= chunk:
+            yield np.concatenate(buf)
+            buf, n = [], 0
+    if buf:
+        yield np.concatenate(buf)
+
+
+def _weighted_sequences(task, symmetry="auto", chunk=NUMPY_CHUNK):
+    """``(seqs, w, mult)`` over the task: every sequence (``mult = None``), or with a prior exactly
+    closed under relabeling and ``symmetry != "off"``, the canonical ones with ``mult`` = orbit sizes.
+
+    For sums that are invariant under relabeling ``(s, c) → (σs, σc)``.
+    """
+    if symmetry not in ("auto", "off"):
+        raise ValueError(f"symmetry must be 'auto' or 'off', got {symmetry!r}")
+    S, T = task.S, task.T
+    if symmetry == "off" or S > MAX_SYMMETRY_S or not _exactly_closed(task.prior):
+        for seqs, w in task.enumerate(chunk_size=chunk):
+            yield seqs, w, None
+        return
+    parents, mu, atoms, prior_w = task.kernel_arrays()
+    orbit = _orbit_sizes(S)
+    for seqs in _canonical_chunks(S, T, chunk):
+        w = np.empty((len(seqs), S))
+        (_kernels.rows_weights if len(seqs) >= PARALLEL_MIN_SEQUENCES else _kernels.rows_weights_serial)(
+            seqs, parents, mu, atoms, prior_w, w)
+        yield seqs, w, orbit[seqs.max(axis=1) + 1]
+
+
+# ------------------------------------------------------------ prefix engine plan
+def _prefix_plan(task, sym) -> _Plan:
+    key = (id(task), bool(sym), PREFIX_BLOCK_SEQUENCES, PREFIX_BATCH_GROUPS, PREFIX_TABLE_MAX, SYM_MIN_BLOCKS,
+           MAX_BLOCKS, PARALLEL_MIN_SEQUENCES, WEIGHT_CACHE_BYTES)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0] is task:
+        _PLANS.move_to_end(key)
+        return hit[1]
+    plan = _build_prefix_plan(task, sym)
+    _PLANS[key] = (task, plan)
+    while len(_PLANS) > _PLAN_CACHE_SIZE:
+        _PLANS.popitem(last=False)
+    return plan
+
+
+def _build_prefix_plan(task, sym) -> _Plan:
+    S, T = task.S, task.T
+    L = T - 1
+    parents, mu, atoms, prior_w = task.kernel_arrays()
+    K = atoms.shape[0]
+    n_fixed = _prefix_n_fixed(S, T)
+    h, ctx_pos = _prefix_batch_plan(parents, S, T, n_fixed, K)
+    Lh = L - h
+    D = n_fixed
+    if sym:
+        sequences = canonical_count(S, T)
+        if sequences >= PARALLEL_MIN_SEQUENCES:  # blocks for the threads; a serial run wants few blocks
+            while D < Lh and canonical_count(S, D) < SYM_MIN_BLOCKS:
+                D += 1
+        prefixes = canonical_sequences(S, D)
+    else:
+        prefixes = np.array(list(itertools.product(range(S), repeat=D)), dtype=np.int64).reshape(S**D, D)
+        sequences = S**T
+    n_blocks = prefixes.shape[0]
+    order = _balanced_order(prefixes, S, T) if sym else np.arange(n_blocks, dtype=np.int64)
+    if sym:
+        per_block = [_completions(S, Lh - D, int(p.max()) + 1 if D else 0) for p in prefixes]
+    else:
+        per_block = [S ** (Lh - D)] * n_blocks
+    bstart = np.concatenate([[0], np.cumsum(per_block)[:-1]]).astype(np.int64)
+    fac = np.empty((L, S, S, K))
+    for d in range(L):
+        fac[d] = mu.T[None, :, :] if parents[d] < 0 else atoms.transpose(1, 2, 0)
+    n_valid = S**h
+    NG = -(-n_valid // _kernels.LANES) * _kernels.LANES
+    Qv = _batch_factor_table(parents, mu, atoms, Lh, h, ctx_pos)
+    Q = np.zeros(Qv.shape[:2] + (NG,))
+    Q[:, :, :n_valid] = Qv
+    dig = ((np.arange(n_valid)[None, :] // S ** np.arange(h - 1, -1, -1)[:, None]) % S).astype(np.int64)
+    mask = np.zeros((h, S, NG))
+    for t in range(h):
+        mask[t, dig[t], np.arange(n_valid)] = 1.0
+    ofac = _orbit_factor_table(S, dig, NG) if sym else np.ones((1, 1, 1))
+    return _Plan(
+        parents=parents, fac=fac, pk0=prior_w / S, wtab=np.ascontiguousarray(atoms.reshape(K, S * S)), Q=Q,
+        ctx_pos=ctx_pos, mask=mask, dig=dig, ofac=ofac, prefixes=np.ascontiguousarray(prefixes),
+        order=order, n_groups=NG, sequences=sequences, parallel=_parallel(n_blocks, sequences),
+        bstart=bstart, wcache=[], n_batch=int(sum(per_block)),
+    )
+
+
+def _orbit_factor_table(S, dig, NG) -> np.ndarray:
+    """``ofac[m, q, g]``: orbit size of prefix (``m`` distinct tokens, canonical) + group ``g`` + query ``q``, or 0.
+
+    The whole sequence is canonical when each token of ``g`` then ``q`` is
+    either already used or the next new one; its orbit size is ``S!/(S-m')!``.
+    """
+    h, n_valid = dig.shape
+    orbit = _orbit_sizes(S)
+    ofac = np.zeros((S + 1, S, NG))
+    for m in range(S + 1):
+        for g in range(n_valid):
+            cnt, ok = m, True
+            for t in range(h):
+                b = int(dig[t, g])
+                if b > cnt:
+                    ok = False
+                    break
+                cnt += b == cnt
+            if not ok:
+                continue
+            for q in range(S):
+                if q <= cnt:
+                    ofac[m, q, g] = orbit[cnt + (q == cnt)] if cnt + (q == cnt) <= S else 0.0
+    return ofac
+
+
+def _balanced_order(prefixes, S, T) -> np.ndarray:
+    """A block order whose contiguous runs carry similar work (numba splits ``prange`` into contiguous chunks).
+
+    Work of a canonical prefix = its number of canonical completions (it
+    depends on its distinct-token count); blocks sorted by work are dealt
+    heaviest, lightest, second heaviest, second lightest, …
+    """
+    n, D = prefixes.shape
+    m = (prefixes.max(axis=1) + 1) if D else np.zeros(n, dtype=np.int64)
+    work = np.array([_completions(S, T - D, int(mi)) for mi in m], dtype=float)
+    idx = np.argsort(-work, kind="stable")
+    out = np.empty(n, dtype=np.int64)
+    lo, hi = 0, n - 1
+    for p in range(n):
+        if p % 2 == 0:
+            out[p] = idx[lo]
+            lo += 1
+        else:
+            out[p] = idx[hi]
+            hi -= 1
+    return out
+
+
+def _completions(S, n, m) -> int:
+    """Canonical continuations of length ``n`` of a canonical prefix with ``m`` distinct tokens."""
+    row = {m: 1}
+    for _ in range(n):
+        new = {}
+        for used, c in row.items():
+            new[used] = new.get(used, 0) + c * used
+            if used < S:
+                new[used + 1] = new.get(used + 1, 0) + c
+        row = new
+    return sum(row.values())
 
 
 def _prefix_n_fixed(S, T) -> int:
@@ -512,25 +926,52 @@ def _finish(loss, G, dA2, P) -> LossAndGrad:
     return LossAndGrad(float(loss), dA1, dA2)
 
 
-def _numpy_sums(task, P, A2, eps, start, stop, chunk=NUMPY_CHUNK):
-    """NumPy reference partial sums over sequence numbers ``start … stop-1``.
+def _numpy_chunks(task, chunk=NUMPY_CHUNK, canonical=False):
+    """``(seqs, w)`` chunks for the NumPy reference: every sequence, or the canonical ones with orbit weights."""
+    S, T = task.S, task.T
+    parents, mu, atoms, prior_w = task.kernel_arrays()
+    if canonical:
+        orbit = _orbit_sizes(S)
+        for seqs in _canonical_chunks(S, T, chunk):
+            w = sequence_weights_numpy(seqs, parents, mu, atoms, prior_w)
+            yield seqs, w * orbit[seqs.max(axis=1) + 1][:, None]
+        return
+    powers = S ** np.arange(T - 1, -1, -1, dtype=np.int64)
+    for c0 in range(0, task.n_sequences, chunk):
+        idx = np.arange(c0, min(c0 + chunk, task.n_sequences), dtype=np.int64)
+        seqs = (idx[:, None] // powers) % S
+        yield seqs, sequence_weights_numpy(seqs, parents, mu, atoms, prior_w)
 
-    Returns ``(loss, G, dA2)`` with ``G = ∂L/∂P`` restricted to those sequences.
+
+def _numpy_sums(task, P, A2, eps, start=0, stop=None, chunk=NUMPY_CHUNK, canonical=False):
+    """NumPy reference partial sums over sequence numbers ``start … stop-1`` (all of them by default).
+
+    With ``canonical`` the sum runs over the canonical sequences with orbit
+    weights instead (``start``/``stop`` ignored). Returns ``(loss, G, dA2)``
+    with ``G = ∂L/∂P`` restricted to those sequences.
     """
     S, T = task.S, task.T
     parents, mu, atoms, prior_w = task.kernel_arrays()
-    powers = S ** np.arange(T - 1, -1, -1, dtype=np.int64)
     loss = 0.0
     G = np.zeros((T, T))
     dA2 = np.zeros(S * S)
-    for c0 in range(start, stop, chunk):
-        idx = np.arange(c0, min(c0 + chunk, stop), dtype=np.int64)
-        seqs = (idx[:, None] // powers) % S
-        w = sequence_weights_numpy(seqs, parents, mu, atoms, prior_w)  # (n, S)
+    if canonical:
+        chunks = _numpy_chunks(task, chunk, canonical=True)
+    else:
+        stop = task.n_sequences if stop is None else stop
+        powers = S ** np.arange(T - 1, -1, -1, dtype=np.int64)
+        chunks = (
+            (seqs, sequence_weights_numpy(seqs, parents, mu, atoms, prior_w))
+            for seqs in (
+                (np.arange(c0, min(c0 + chunk, stop), dtype=np.int64)[:, None] // powers) % S
+                for c0 in range(start, stop, chunk)
+            )
+        )
+    for seqs, w in chunks:
         q = seqs[:, T - 1]
         V = A2[q[:, None], seqs]  # (n, T)
         a = softmax(V @ P.T, axis=1)  # (n, T)
-        f = np.empty((len(idx), S))
+        f = np.empty((len(seqs), S))
         for c in range(S):
             f[:, c] = np.sum(a * (seqs == c), axis=1)
         pos = w > 0

@@ -87,7 +87,7 @@ import numpy as np
 from . import _kernels_multi
 from .exact import _check_eps, _check_real, _warn_inf
 from .model import _check_seqs, first_layer_attention, softmax
-from .multiparent import MultiParentGraph, MultiParentTask, parent_rows, sequence_weights_multi_numpy
+from .multiparent import MultiParentGraph, MultiParentTask, sequence_weights_multi_numpy
 
 __all__ = [
     "MultiLossAndGrad",

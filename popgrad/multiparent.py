@@ -58,9 +58,11 @@ and ``Σ_{s,c} w(s, c) = 1``. Roots draw **uniformly** on purpose: a
 The paper's released code (``InContextDAG``) draws roots from an extra
 Dirichlet(α) vector per sequence (its ``pi[0] = uniform`` is overwritten by
 the loop over parent counts, which includes 0), and its Bayes baseline is
-a Dirichlet add-α count rule rather than the posterior of that process;
-popgrad therefore states its own process, above, and computes its exact
-Bayes loss (:func:`popgrad.bayes_loss_multi`) for the finite prior.
+the add-α count rule, the posterior mean for *its* continuous Dirichlet
+prior estimated on sampled sequences (its single-parent rule also ignores
+what stationary roots reveal about ``π``); popgrad therefore states its own
+process, above, and computes the exact Bayes loss for its finite prior
+(:func:`popgrad.bayes_loss_multi`).
 
 Enumeration order and size guard are those of :class:`popgrad.Task`:
 lexicographic, position ``0`` slowest, position ``T-1`` fastest;
@@ -518,8 +520,10 @@ class TensorPrior:
     weights : array_like, shape (K,), optional
         Non-negative, summing to one. Default uniform.
     k : int, optional
-        Parents per tuple. Needed only to tell a flat single atom
-        ``(S**k, S)`` from a stack; inferred otherwise.
+        Parents per tuple; inferred when omitted: a 2-D array is one flat
+        atom, a 3-D array a stack of flat atoms (so ``(S, S, S)`` means ``S``
+        single-parent atoms: pass ``k=2`` for one two-parent tensor), and
+        ``d ≥ 4`` dimensions a stack of tensors with ``k = d - 2``.
 
     Raises
     ------
@@ -551,7 +555,7 @@ class TensorPrior:
         if np.any(bad):
             m, r = (int(x) for x in np.argwhere(bad)[0])
             raise ValueError(
-                f"row π(· | {_tuple_str(r, S, kk)}) of atoms[{m}] sums to {rows[m, r]!r}, not 1 (tolerance "
+                f"row π(· | {_tuple_str(r, S, kk)}) of atoms[{m}] sums to {float(rows[m, r])!r}, not 1 (tolerance "
                 f"{ROW_SUM_TOL}): every row must be a probability distribution (divide rows by their sums)"
             )
         if weights is None:
@@ -563,7 +567,7 @@ class TensorPrior:
             if not np.all(np.isfinite(weights)) or np.any(weights < 0):
                 raise ValueError("weights must be finite and non-negative")
             if abs(weights.sum() - 1.0) > ROW_SUM_TOL:
-                raise ValueError(f"weights sum to {weights.sum()!r}, not 1 (tolerance {ROW_SUM_TOL}): normalise them")
+                raise ValueError(f"weights sum to {float(weights.sum())!r}, not 1 (tolerance {ROW_SUM_TOL}): normalise them")
         a.setflags(write=False)
         weights.setflags(write=False)
         self._atoms = a
@@ -714,14 +718,29 @@ def _closed_under_relabeling(atoms, weights, S, tol) -> bool:
     return True
 
 
-def dirichlet_tensor_prior(S: int, k: int, alpha: float, n_atoms: int, seed, symmetrize: bool = True) -> TensorPrior:
+def dirichlet_tensor_prior(S: int, k: int, alpha: float, n_atoms: int, seed, symmetrize=True) -> TensorPrior:
     """A finite prior of ``k``-parent transition tensors with Dirichlet(α) rows.
 
     Every row ``π(· | a_1..a_k)`` of every atom is an independent
     Dirichlet(α) draw from ``numpy.random.default_rng(seed)`` (rows in the
-    flat order of :class:`TensorPrior`); ``symmetrize=True`` closes the set
-    under all ``S!`` relabelings (``n_atoms · S!`` equally weighted atoms).
-    For ``k = 1`` the atoms equal :func:`popgrad.dirichlet_prior`'s.
+    flat order of :class:`TensorPrior`). For ``k = 1`` the draws equal
+    :func:`popgrad.dirichlet_prior`'s.
+
+    ``symmetrize`` closes the finite set under symmetries of the i.i.d.
+    Dirichlet prior it stands for (equally weighted atoms):
+
+    * ``True`` / ``"relabel"``: all ``S!`` relabelings
+      ``π^σ(σc | σa_1..σa_k) = π(c | a_1..a_k)`` (``n_atoms · S!`` atoms):
+      exact permutation symmetry, but ``E[π]`` is uniform only up to the
+      sampling error of ``n_atoms`` draws (``E[π(c | a)]`` still depends on
+      which of ``c, a_1, …, a_k`` coincide);
+    * ``"full"``: independent relabelings of the parent tokens and of the
+      predicted token, ``π'(τc | σa_1..σa_k) = π(c | a_1..a_k)``
+      (``n_atoms · S!²`` atoms): contains the relabelings and makes
+      ``E[π] = 11ᵀ/S`` exact (the symmetric Dirichlet prior is invariant
+      under both), so finite-sample "copy the token" biases of the prior
+      disappear;
+    * ``False``: the raw draws.
 
     Parameters
     ----------
@@ -750,20 +769,27 @@ def dirichlet_tensor_prior(S: int, k: int, alpha: float, n_atoms: int, seed, sym
     atoms = atoms / atoms.sum(axis=2, keepdims=True)
     if not np.all(np.isfinite(atoms)):
         raise ValueError(f"Dirichlet draws with alpha={alpha} underflowed to NaN; use a larger alpha")
-    if symmetrize:
-        n_perm = math.factorial(S)
-        if n_atoms * n_perm > MAX_CLOSURE_ATOMS:
-            raise ValueError(
-                f"closing {n_atoms} atoms under all {S}! relabelings would create {n_atoms * n_perm} atoms "
-                f"(limit {MAX_CLOSURE_ATOMS}): use symmetrize=False, fewer atoms, or a smaller S"
-            )
-        perms = list(itertools.permutations(range(S)))
-        out = np.empty((n_atoms * n_perm, S**k, S))
-        for m in range(n_atoms):
-            for j, perm in enumerate(perms):
-                out[m * n_perm + j] = relabel_tensor(atoms[m], perm)
-        return TensorPrior(out, np.full(len(out), 1.0 / len(out)), k=k)
-    return TensorPrior(atoms, k=k)
+    if symmetrize is False:
+        return TensorPrior(atoms, k=k)
+    if symmetrize not in (True, "relabel", "full"):
+        raise ValueError(f"symmetrize must be True, False, 'relabel' or 'full', got {symmetrize!r}")
+    perms = list(itertools.permutations(range(S)))
+    outs = perms if symmetrize == "full" else [None]
+    n_out = n_atoms * len(perms) * len(outs)
+    if n_out > MAX_CLOSURE_ATOMS:
+        raise ValueError(
+            f"closing {n_atoms} atoms under {symmetrize!r} symmetry would create {n_out} atoms "
+            f"(limit {MAX_CLOSURE_ATOMS}): use symmetrize=False, fewer atoms, or a smaller S"
+        )
+    out = np.empty((n_out, S**k, S))
+    j = 0
+    for m in range(n_atoms):
+        for tau in outs:
+            base = atoms[m] if tau is None else atoms[m][:, np.argsort(tau)]  # base[:, τc] = atoms[m][:, c]
+            for perm in perms:
+                out[j] = relabel_tensor(base, perm)
+                j += 1
+    return TensorPrior(out, np.full(n_out, 1.0 / n_out), k=k)
 
 
 # ===================================================================== task

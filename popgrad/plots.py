@@ -5,7 +5,10 @@
 * :func:`plot_loss` -- exact loss against the step, with ``L*``, the Bayes
   loss and the count-estimator loss as horizontal lines;
 * :func:`plot_cosine` -- cosine between exact and idealized Stage-1 gradients;
-* :func:`plot_attention_to_parent` -- attention on the parent per position.
+* :func:`plot_attention_to_parent` -- attention on the parent per position;
+* :func:`plot_head_attention` -- k-head first layer: each head's
+  ``softmax(A1^h)`` beside the adjacency of each parent slot (multi-parent tasks);
+* :func:`plot_head_attention_to_parent` -- per head, attention on its slot's parent.
 """
 from __future__ import annotations
 
@@ -20,7 +23,8 @@ import numpy as np  # noqa: E402
 from ._io import atomic_path  # noqa: E402
 from .model import first_layer_attention  # noqa: E402
 
-__all__ = ["plot_attention", "plot_loss", "plot_cosine", "plot_attention_to_parent", "save_figure"]
+__all__ = ["plot_attention", "plot_loss", "plot_cosine", "plot_attention_to_parent", "save_figure",
+           "plot_head_attention", "plot_head_attention_to_parent"]
 
 
 def save_figure(fig, path, dpi: int = 120) -> None:
@@ -99,4 +103,45 @@ def plot_attention_to_parent(trajectory, graph, path) -> None:
     ax.set_xlabel("position i (non-roots)")
     ax.set_ylabel("softmax(A1)[i, p(i)]")
     ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def plot_head_attention(graph, A1, path, title: str = "after training") -> None:
+    """k-head first layer: row ``h`` shows ``softmax(MASK(A1^h))`` beside the adjacency of parent slot ``h``.
+
+    ``graph`` is a :class:`popgrad.MultiParentGraph`; ``A1`` has shape
+    ``(k, T, T)``. The slot adjacency's last row marks the target's parent
+    (:meth:`popgrad.MultiParentGraph.adjacency`).
+    """
+    from .multihead import head_attention
+
+    P = head_attention(A1)
+    k = P.shape[0]
+    fig, axes = plt.subplots(k, 2, figsize=(9, 4.2 * k), squeeze=False)
+    for h in range(k):
+        panels = ((P[h], f"head {h}: softmax(A1^{h}) {title}"),
+                  (graph.adjacency(h), f"parent slot {h} (row T-1: target's parent)"))
+        for ax, (M, name) in zip(axes[h], panels):
+            im = ax.imshow(M, vmin=0, vmax=1, cmap="viridis")
+            ax.set_title(name, fontsize=10)
+            ax.set_xlabel("key position j")
+            ax.set_ylabel("query position i")
+    fig.colorbar(im, ax=axes, shrink=0.6)
+    save_figure(fig, path)
+
+
+def plot_head_attention_to_parent(trajectory, graph, path) -> None:
+    """Per head ``h``: attention on slot ``h``'s parent per row, at the first and the last record."""
+    k = graph.k
+    fig, axes = plt.subplots(k, 1, figsize=(6.5, 2.8 * k), squeeze=False)
+    for h in range(k):
+        ax = axes[h, 0]
+        rows = np.flatnonzero(graph.slot_parents(h) >= 0)
+        ax.bar(rows - 0.2, trajectory.attn_parent[0, h, rows], width=0.4, label="step 0", color="lightgrey")
+        ax.bar(rows + 0.2, trajectory.attn_parent[-1, h, rows], width=0.4, label=f"step {trajectory.step[-1]}")
+        ax.axhline(1 - 1 / graph.T, ls="--", color="k", lw=0.8, label="1 - 1/T")
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel(f"head {h}: P[i, p(i)_{h}]")
+        ax.legend(fontsize=7)
+    axes[-1, 0].set_xlabel("position i (rows with parents; T-1: the target's parent)")
     save_figure(fig, path)

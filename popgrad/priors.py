@@ -206,7 +206,7 @@ class FinitePrior:
         if np.any(bad):
             k, a = (int(x) for x in np.argwhere(bad)[0])
             raise ValueError(
-                f"row {a} of atoms[{k}] sums to {rows[k, a]!r}, not 1 (tolerance {ROW_SUM_TOL}): "
+                f"row {a} of atoms[{k}] sums to {float(rows[k, a])!r}, not 1 (tolerance {ROW_SUM_TOL}): "
                 "each row pi[a, :] = pi(. | a) must be a probability distribution (divide rows by their sums)"
             )
         if weights is None:
@@ -219,7 +219,7 @@ class FinitePrior:
                 raise ValueError("weights must be finite and non-negative")
             if abs(weights.sum() - 1.0) > ROW_SUM_TOL:
                 raise ValueError(
-                    f"weights sum to {weights.sum()!r}, not 1 (tolerance {ROW_SUM_TOL}): normalise them"
+                    f"weights sum to {float(weights.sum())!r}, not 1 (tolerance {ROW_SUM_TOL}): normalise them"
                 )
         atoms.setflags(write=False)
         weights.setflags(write=False)

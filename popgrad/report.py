@@ -39,7 +39,11 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
     from .information import assumptions
 
     try:
-        assume = assumptions(task)._asdict()
+        if getattr(task, "k", None) is not None:  # a multi-parent task (issue 7): its tensor prior's diagnostics
+            assume = {**task.prior.diagnostics()._asdict(), "k": task.k, "root_fraction": task.graph.root_fraction,
+                      "t_eff": task.t_eff}
+        else:
+            assume = assumptions(task)._asdict()
     except ValueError as exc:  # e.g. a reducible atom (mu has a zero): say so instead of failing
         assume = {"error": str(exc)}
     final_loss = trajectory.loss[np.isfinite(trajectory.loss)]
@@ -66,7 +70,7 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
                 "final_loss": float(final_loss[-1]) if final_loss.size else None,
             },
             "checks": [c.to_dict() for c in checks],
-            "all_passed": bool(all(c.passed for c in checks)),
+            "all_passed": bool(all(c.passed for c in checks if getattr(c, "applicable", True))),
             **(extra or {}),
         }
     )
@@ -118,7 +122,7 @@ def render_markdown(report: dict) -> str:
         "|---|---|---|---|---|",
     ]
     for c in report["checks"]:
-        mark = "PASS" if c["passed"] else "FAIL"
+        mark = "n/a" if not c.get("applicable", True) else ("PASS" if c["passed"] else "FAIL")
         lines.append(f"| {c['name']} | {_fmt(c['value'])} | {c['comparison']} | {_fmt(c['threshold'])} | {mark} |")
     sweep = report.get("loss_sweep")
     if sweep:
