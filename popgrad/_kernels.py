@@ -865,7 +865,6 @@ def _batch_leaves(S, Lh, eps, want_grad, ep, Zp, Fp, W, Xg, mask, work, lacc, Da
     invZ = work[h1 + 3 * S + 1]
     rbar = work[h1 + 3 * S + 2]
     tmp = work[h1 + 3 * S + 3]
-    lanes = np.empty(LANES)
     for q in range(S):
         # forward: exponentials of the batched rows, normaliser, output numerators
         for t in range(h1):
@@ -919,16 +918,10 @@ def _batch_leaves(S, Lh, eps, want_grad, ep, Zp, Fp, W, Xg, mask, work, lacc, Da
             continue
         # backward: B[c, g] = (r_c - r̄) / Z, summed over g for the batch node
         for c in range(S):
-            for l in range(LANES):
-                lanes[l] = 0.0
-            for g0 in range(0, NG, LANES):
-                for l in range(LANES):
-                    v = (Rg[c, g0 + l] - rbar[g0 + l]) * invZ[g0 + l]
-                    Rg[c, g0 + l] = v
-                    lanes[l] += v
+            for g in range(NG):
+                Rg[c, g] = (Rg[c, g] - rbar[g]) * invZ[g]
             if Lh > 0:
-                B[Lh - 1, q, c] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + (
-                    (lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+                B[Lh - 1, q, c] = _sum_lanes(Rg[c])
         # δ of the batched rows: E[t, g] · B[s_{Lh+t}, g]
         for t in range(h1):
             if t < h:
@@ -940,16 +933,29 @@ def _batch_leaves(S, Lh, eps, want_grad, ep, Zp, Fp, W, Xg, mask, work, lacc, Da
             else:  # the query row: token q
                 for g in range(NG):
                     tmp[g] = Rg[q, g]
-            for l in range(LANES):
-                lanes[l] = 0.0
-            for g0 in range(0, NG, LANES):
-                for l in range(LANES):
-                    v = E[t, g0 + l] * tmp[g0 + l]
-                    Dacc[q, t, g0 + l] += v
-                    lanes[l] += v
+            for g in range(NG):
+                tmp[g] = E[t, g] * tmp[g]
+            for g in range(NG):
+                Dacc[q, t, g] += tmp[g]
             if Lh > 0:
-                R[Lh - 1, q, Lh + t] = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + (
-                    (lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+                R[Lh - 1, q, Lh + t] = _sum_lanes(tmp)
+
+
+@njit(cache=True, inline="always")
+def _sum_lanes(x):
+    """``Σ x`` over a length that is a multiple of 8, in a fixed order: 8 running sums (one per
+    SIMD lane, so the loop vectorizes without reassociation) added pairwise at the end."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    for g0 in range(0, x.shape[0], 8):
+        a0 += x[g0]
+        a1 += x[g0 + 1]
+        a2 += x[g0 + 2]
+        a3 += x[g0 + 3]
+        a4 += x[g0 + 4]
+        a5 += x[g0 + 5]
+        a6 += x[g0 + 6]
+        a7 += x[g0 + 7]
+    return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
 
 
 @njit(cache=True, error_model="numpy")

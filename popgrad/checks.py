@@ -49,7 +49,7 @@ from .model import predict
 from .information import idealized_grad_A1
 from .model import first_layer_attention
 from .priors import FinitePrior, stationary_distribution
-from .task import Task, sequence_weights_numpy
+from .task import Task
 
 __all__ = [
     "CheckResult",

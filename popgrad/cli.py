@@ -160,10 +160,34 @@ def build_task(cfg: dict):
 
 
 # --------------------------------------------------------------------- run
+def check_schedule(cfg: dict) -> None:
+    if cfg["schedule"] not in ("two-stage", "joint"):
+        raise CLIError(f"--schedule {cfg['schedule']!r}: use two-stage or joint")
+
+
+def output_paths(cfg: dict, resume: bool):
+    """``(out, checkpoint)`` paths, validated before anything is written."""
+    out = cfg["out"]
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise CLIError(f"--out {out} exists and is not a folder: choose another --out")
+    ckpt = os.path.join(out, "checkpoint.npz")
+    if resume and not os.path.exists(ckpt):
+        raise CLIError(f"--resume: no checkpoint at {ckpt}; run once without --resume")
+    return out, ckpt
+
+
+def log_checks(results, out: str, log=print) -> None:
+    """One line per check, then where the report is."""
+    for c in results:
+        if getattr(c, "applicable", True):
+            log(f"  [{'PASS' if c.passed else 'FAIL'}] {c.name}: {c.value:.4g} {c.comparison} {c.threshold:.4g}")
+        else:
+            log(f"  [N/A ] {c.name}: {c.details['reason']}")
+    log(f"report: {os.path.join(out, 'report.md')}")
+
+
 def run(cfg: dict, resume: bool = False, progress: bool = True, log=print) -> dict:
     """The main job. Returns the report dictionary."""
-    import numpy as np
-
     from . import checks as C
     from .dynamics import TrainConfig, train_two_stage
     from .plots import plot_attention, plot_attention_to_parent, plot_cosine, plot_loss
@@ -174,8 +198,7 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print) -> di
         return run_multi(cfg, task, resume=resume, progress=progress, log=log)
     if cfg["gradient"] not in ("exact", "idealized"):
         raise CLIError(f"--gradient {cfg['gradient']!r}: use exact or idealized")
-    if cfg["schedule"] not in ("two-stage", "joint"):
-        raise CLIError(f"--schedule {cfg['schedule']!r}: use two-stage or joint")
+    check_schedule(cfg)
     # Everything below needs the exact population (checks, Stage 2): guard first.
     task.check_size()
     train_kwargs = dict(
@@ -183,12 +206,7 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print) -> di
         gradient=cfg["gradient"], schedule=cfg["schedule"], record_every=cfg["record_every"],
     )
     TrainConfig(**train_kwargs).validate()
-    out = cfg["out"]
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise CLIError(f"--out {out} exists and is not a folder: choose another --out")
-    ckpt = os.path.join(out, "checkpoint.npz")
-    if resume and not os.path.exists(ckpt):
-        raise CLIError(f"--resume: no checkpoint at {ckpt}; run once without --resume")
+    out, ckpt = output_paths(cfg, resume)
 
     log(task.summary())
     t0 = time.perf_counter()
@@ -228,9 +246,7 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print) -> di
     plot_cosine(traj, os.path.join(out, "gradient_cosine.png"))
     plot_attention_to_parent(traj, task.graph, os.path.join(out, "attention_to_parent.png"))
     write_report(out, report)
-    for c in results:
-        log(f"  [{'PASS' if c.passed else 'FAIL'}] {c.name}: {c.value:.4g} {c.comparison} {c.threshold:.4g}")
-    log(f"report: {os.path.join(out, 'report.md')}")
+    log_checks(results, out, log)
     return report
 
 

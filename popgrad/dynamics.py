@@ -29,6 +29,7 @@ import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -386,34 +387,11 @@ def train_two_stage(
     else:
         state = _State(task, cfg)
 
-    total = cfg.steps1 + cfg.steps2
-    bar = None
-    if progress and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, initial=state.t, desc="popgrad", unit="step", file=sys.stderr)
-
-    eta1, eta2 = cfg.eta1(task), cfg.eta2(task)
     graph = task.graph
 
-    def stage_of(t):
-        if cfg.schedule == "joint":
-            return 0
-        return 1 if t <= cfg.steps1 else 2
-
-    def should_record(t):
-        if t in (0, cfg.steps1, total) or (cfg.schedule == "two-stage" and t == cfg.steps1 + 1):
-            return True
-        return t % cfg.record_every == 0
-
-    while not state.done:
-        t = state.t
-        stage = stage_of(t)
-        record = should_record(t)
-        last = t == total
-        # --- gradients at the current parameters
+    def evaluate(t, stage, record) -> StepValues:
         # Stage 2, joint training and the step that starts Stage 2 need the exact gradient.
-        needs_exact = cfg.gradient == "exact" or stage != 1 or cfg.steps1 <= t < total
+        needs_exact = cfg.gradient == "exact" or stage != 1 or cfg.steps1 <= t < cfg.steps1 + cfg.steps2
         loss = float("nan")
         exact = None
         if needs_exact:
@@ -429,38 +407,100 @@ def train_two_stage(
                 dA1 = exact.dA1
         if exact is not None:
             dA2 = exact.dA2
-
-        if record:
-            cosine = float("nan")
-            if stage == 1:
-                if cfg.gradient == "exact":
-                    exact_dA1, ideal = dA1, idealized_grad_A1(task, state.A1, cfg.beta0)
-                else:
-                    ideal = dA1
-                    exact_dA1 = None
-                    if exact is not None:
-                        exact_dA1 = exact.dA1
-                    elif enumerable:
-                        exact_dA1 = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps).dA1
-                if exact_dA1 is not None:
-                    cosine = _cos(exact_dA1, ideal)
-                gnorm = float(np.linalg.norm(dA1))
-            elif stage == 2:
-                gnorm = float(np.linalg.norm(dA2))
+        cosine = float("nan")
+        if record and stage == 1:
+            if cfg.gradient == "exact":
+                exact_dA1, ideal = dA1, idealized_grad_A1(task, state.A1, cfg.beta0)
             else:
-                gnorm = float(np.sqrt(np.sum(dA1**2) + np.sum(dA2**2)))
-            state.rec["step"].append(t)
-            state.rec["stage"].append(stage)
-            state.rec["loss"].append(loss)
-            state.rec["grad_norm"].append(gnorm)
-            state.rec["cosine"].append(cosine)
-            state.rec["attn_parent"].append(attention_to_parent(graph, state.A1))
-            state.rec["A1"].append(state.A1.copy())
-            state.rec["A2"].append(state.A2.copy())
+                ideal = dA1
+                exact_dA1 = None
+                if exact is not None:
+                    exact_dA1 = exact.dA1
+                elif enumerable:
+                    exact_dA1 = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps).dA1
+            if exact_dA1 is not None:
+                cosine = _cos(exact_dA1, ideal)
+        return StepValues(loss, dA1, dA2, cosine, exact is not None)
 
+    return run_schedule(
+        task, cfg, state, evaluate, lambda A1: attention_to_parent(graph, A1),
+        eta1=cfg.eta1(task), eta2=cfg.eta2(task), checkpoint_path=checkpoint_path,
+        checkpoint_every=checkpoint_every, progress=progress,
+    )
+
+
+class StepValues(NamedTuple):
+    """What one step of a schedule evaluates at the current parameters.
+
+    Attributes
+    ----------
+    loss : float
+        Exact population loss (NaN when not computed).
+    dA1, dA2 : ndarray or None
+        The gradients the step may apply (``None`` when the stage does not need one).
+    cosine : float
+        Exact-vs-idealized Stage-1 cosine (NaN when not measured).
+    loss_is_exact : bool
+        Whether ``loss`` was computed (a NaN then means divergence).
+    """
+
+    loss: float
+    dA1: object
+    dA2: object
+    cosine: float
+    loss_is_exact: bool
+
+
+def run_schedule(task, cfg, state, evaluate, attention, *, eta1, eta2, checkpoint_path, checkpoint_every, progress):
+    """The gradient-descent loop shared by :func:`train_two_stage` and ``train_multi_head``.
+
+    ``evaluate(t, stage, record) -> StepValues`` computes what step ``t``
+    needs at ``state.A1, state.A2``; ``attention(A1)`` gives the recorded
+    attention-to-parent array. The loop records, stops on divergence
+    (non-finite values, or ``cfg.divergence_patience`` consecutive loss
+    increases), applies the update of the schedule (two-stage: ``A1`` for
+    ``t < steps1``, then ``A2``; joint: both), writes checkpoints and
+    returns the :class:`Trajectory`.
+    """
+    total = cfg.steps1 + cfg.steps2
+    joint = cfg.schedule == "joint"
+    bar = None
+    if progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, initial=state.t, desc="popgrad", unit="step", file=sys.stderr)
+
+    def stage_of(t):
+        if joint:
+            return 0
+        return 1 if t <= cfg.steps1 else 2
+
+    def should_record(t):
+        if t in (0, cfg.steps1, total) or (not joint and t == cfg.steps1 + 1):
+            return True
+        return t % cfg.record_every == 0
+
+    while not state.done:
+        t = state.t
+        stage = stage_of(t)
+        record = should_record(t)
+        step = evaluate(t, stage, record)
+        loss = step.loss
+        if record:
+            if stage == 1:
+                gnorm = float(np.linalg.norm(step.dA1))
+            elif stage == 2:
+                gnorm = float(np.linalg.norm(step.dA2))
+            else:
+                gnorm = float(np.sqrt(np.sum(step.dA1**2) + np.sum(step.dA2**2)))
+            for key, value in (
+                ("step", t), ("stage", stage), ("loss", loss), ("grad_norm", gnorm), ("cosine", step.cosine),
+                ("attn_parent", attention(state.A1)), ("A1", state.A1.copy()), ("A2", state.A2.copy()),
+            ):
+                state.rec[key].append(value)
         # --- divergence
         finite_params = np.all(np.isfinite(state.A1)) and np.all(np.isfinite(state.A2))
-        if not finite_params or (exact is not None and math.isnan(loss)):
+        if not finite_params or (step.loss_is_exact and math.isnan(loss)):
             state.status = "diverged"
             state.message = f"non-finite loss or parameters at step {t}: lower lr1/lr2"
             break
@@ -469,10 +509,7 @@ def train_two_stage(
                 state.status = "diverged"
                 state.message = f"infinite loss at step {t} (eps = 0 and a token got zero mass?)"
                 break
-            if loss > state.prev_loss:
-                state.increases += 1
-            else:
-                state.increases = 0
+            state.increases = state.increases + 1 if loss > state.prev_loss else 0
             state.prev_loss = loss
             if state.increases >= cfg.divergence_patience:
                 state.status = "diverged"
@@ -481,16 +518,16 @@ def train_two_stage(
                     "lower lr1/lr2"
                 )
                 break
-        if last:
+        if t == total:
             break
         # --- update (step t -> t+1)
-        if cfg.schedule == "joint":
-            state.A1 = state.A1 - eta1 * dA1
-            state.A2 = state.A2 - eta2 * dA2
+        if joint:
+            state.A1 = state.A1 - eta1 * step.dA1
+            state.A2 = state.A2 - eta2 * step.dA2
         elif t < cfg.steps1:
-            state.A1 = state.A1 - eta1 * dA1
+            state.A1 = state.A1 - eta1 * step.dA1
         else:
-            state.A2 = state.A2 - eta2 * dA2
+            state.A2 = state.A2 - eta2 * step.dA2
         state.t = t + 1
         if bar is not None:
             bar.update(1)
@@ -502,5 +539,4 @@ def train_two_stage(
         bar.close()
     if checkpoint_path is not None:
         atomic_savez(checkpoint_path, **_checkpoint_payload(state, cfg, task))
-    arrays = state.to_arrays()
-    return Trajectory(**arrays, status=state.status, message=state.message, config=cfg)
+    return Trajectory(**state.to_arrays(), status=state.status, message=state.message, config=cfg)

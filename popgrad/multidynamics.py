@@ -47,14 +47,11 @@ of :func:`popgrad.train_two_stage` (same machinery).
 """
 from __future__ import annotations
 
-import math
 import os
-import sys
 
 import numpy as np
 
-from ._io import atomic_savez
-from .dynamics import MultiHeadTrainConfig, Trajectory, _checkpoint_payload, _State, load_checkpoint
+from .dynamics import MultiHeadTrainConfig, StepValues, Trajectory, _State, load_checkpoint, run_schedule
 from .multihead import exact_loss_and_grad_multi, head_attention
 from .multiparent import MultiParentTask
 
@@ -179,85 +176,14 @@ def train_multi_head(
                                  f"got shape {A1_init.shape}")
             state.A1 = A1_init
 
-    total = cfg.steps1 + cfg.steps2
-    bar = None
-    if progress and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, initial=state.t, desc="popgrad", unit="step", file=sys.stderr)
     joint = cfg.schedule == "joint"
-    eta1 = cfg.lr1 * task.S * task.T if joint else cfg.eta1(task)
-    eta2 = cfg.eta2(task)
 
-    def stage_of(t):
-        if joint:
-            return 0
-        return 1 if t <= cfg.steps1 else 2
-
-    def should_record(t):
-        if t in (0, cfg.steps1, total) or (not joint and t == cfg.steps1 + 1):
-            return True
-        return t % cfg.record_every == 0
-
-    while not state.done:
-        t = state.t
-        stage = stage_of(t)
-        record = should_record(t)
-        last = t == total
+    def evaluate(t, stage, record) -> StepValues:
         res = exact_loss_and_grad_multi(task, state.A1, state.A2, cfg.eps)
-        loss = res.loss
-        if record:
-            if stage == 1:
-                gnorm = float(np.linalg.norm(res.dA1))
-            elif stage == 2:
-                gnorm = float(np.linalg.norm(res.dA2))
-            else:
-                gnorm = float(np.sqrt(np.sum(res.dA1**2) + np.sum(res.dA2**2)))
-            state.rec["step"].append(t)
-            state.rec["stage"].append(stage)
-            state.rec["loss"].append(loss)
-            state.rec["grad_norm"].append(gnorm)
-            state.rec["cosine"].append(float("nan"))
-            state.rec["attn_parent"].append(attention_to_slot_parents(task.graph, state.A1))
-            state.rec["A1"].append(state.A1.copy())
-            state.rec["A2"].append(state.A2.copy())
-        # --- divergence (as train_two_stage)
-        if not (np.all(np.isfinite(state.A1)) and np.all(np.isfinite(state.A2))) or math.isnan(loss):
-            state.status = "diverged"
-            state.message = f"non-finite loss or parameters at step {t}: lower lr1/lr2"
-            break
-        if math.isinf(loss):
-            state.status = "diverged"
-            state.message = f"infinite loss at step {t} (eps = 0 and a token got zero mass?)"
-            break
-        state.increases = state.increases + 1 if loss > state.prev_loss else 0
-        state.prev_loss = loss
-        if state.increases >= cfg.divergence_patience:
-            state.status = "diverged"
-            state.message = (
-                f"loss increased for {state.increases} consecutive steps (step {t}, loss {loss:.6g}): lower lr1/lr2"
-            )
-            break
-        if last:
-            break
-        # --- update (step t -> t+1)
-        if joint:
-            state.A1 = state.A1 - eta1 * res.dA1
-            state.A2 = state.A2 - eta2 * res.dA2
-        elif t < cfg.steps1:
-            state.A1 = state.A1 - eta1 * res.dA1
-        else:
-            state.A2 = state.A2 - eta2 * res.dA2
-        state.t = t + 1
-        if bar is not None:
-            bar.update(1)
-        if checkpoint_path is not None and checkpoint_every and state.t % checkpoint_every == 0:
-            atomic_savez(checkpoint_path, **_checkpoint_payload(state, cfg, task))
+        return StepValues(res.loss, res.dA1, res.dA2, float("nan"), True)
 
-    state.done = True
-    if bar is not None:
-        bar.close()
-    if checkpoint_path is not None:
-        atomic_savez(checkpoint_path, **_checkpoint_payload(state, cfg, task))
-    arrays = state.to_arrays()
-    return Trajectory(**arrays, status=state.status, message=state.message, config=cfg)
+    return run_schedule(
+        task, cfg, state, evaluate, lambda A1: attention_to_slot_parents(task.graph, A1),
+        eta1=cfg.lr1 * task.S * task.T if joint else cfg.eta1(task), eta2=cfg.eta2(task),
+        checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, progress=progress,
+    )

@@ -343,7 +343,7 @@ def optimal_loss_multi(task, eps=0.0) -> float:
         plogp = np.where(atoms > 0, atoms * np.log(np.where(atoms > 0, atoms, 1.0) + eps), 0.0)
     ent = np.ascontiguousarray(-plogp.sum(axis=2)[:, :, None])  # (K, S**k, 1)
     total = 0.0
-    S, T = task.S, task.T
+    T = task.T
     chunk = 2**16
     for start in range(0, task.n_sequences, chunk):
         n = min(chunk, task.n_sequences - start)

@@ -59,7 +59,7 @@ def build_multi_task(cfg: dict):
 def run_multi(cfg: dict, task, resume: bool = False, progress: bool = True, log=print) -> dict:
     """The main job for a multi-parent task; returns the report dictionary."""
     from . import checks as C
-    from .cli import CLIError
+    from .cli import CLIError, check_schedule, log_checks, output_paths
     from .dynamics import MultiHeadTrainConfig
     from .multidynamics import train_multi_head
     from .plots import plot_head_attention, plot_head_attention_to_parent, plot_loss
@@ -67,20 +67,14 @@ def run_multi(cfg: dict, task, resume: bool = False, progress: bool = True, log=
 
     if cfg["gradient"] != "exact":
         raise CLIError(f"--gradient {cfg['gradient']} is not available for multi-parent graphs: use exact")
-    if cfg["schedule"] not in ("two-stage", "joint"):
-        raise CLIError(f"--schedule {cfg['schedule']!r}: use two-stage or joint")
+    check_schedule(cfg)
     task.check_size()
     train_kwargs = dict(
         beta0=cfg["beta0"], lr1=cfg["lr1"], steps1=cfg["steps1"], lr2=cfg["lr2"], steps2=cfg["steps2"],
         schedule=cfg["schedule"], record_every=cfg["record_every"], init_seed=cfg["seed"],
     )
     MultiHeadTrainConfig(**train_kwargs).validate()
-    out = cfg["out"]
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise CLIError(f"--out {out} exists and is not a folder: choose another --out")
-    ckpt = os.path.join(out, "checkpoint.npz")
-    if resume and not os.path.exists(ckpt):
-        raise CLIError(f"--resume: no checkpoint at {ckpt}; run once without --resume")
+    out, ckpt = output_paths(cfg, resume)
 
     log(task.summary())
     t0 = time.perf_counter()
@@ -123,10 +117,5 @@ def run_multi(cfg: dict, task, resume: bool = False, progress: bool = True, log=
     plot_loss(traj, refs, os.path.join(out, "loss.png"))
     plot_head_attention_to_parent(traj, task.graph, os.path.join(out, "attention_to_parent.png"))
     write_report(out, report)
-    for c in results:
-        if c.applicable:
-            log(f"  [{'PASS' if c.passed else 'FAIL'}] {c.name}: {c.value:.4g} {c.comparison} {c.threshold:.4g}")
-        else:
-            log(f"  [N/A ] {c.name}: {c.details['reason']}")
-    log(f"report: {os.path.join(out, 'report.md')}")
+    log_checks(results, out, log)
     return report
