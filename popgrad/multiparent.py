@@ -73,14 +73,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from . import _kernels_multi
 from .graphs import CausalGraph
 from .priors import FinitePrior
-from .task import DEFAULT_MAX_SEQUENCES, Sample, TaskTooLargeError, _NOMINAL_SEQ_PER_S
+from .task import DEFAULT_MAX_SEQUENCES, ExactTask, Sample
 
 __all__ = [
     "MultiParentGraph",
@@ -826,7 +826,7 @@ def sequence_weights_multi_numpy(seqs, parents, target_parents, atoms, prior_w) 
     return np.einsum("kn,knc->nc", p, atoms[:, rt, :])
 
 
-class MultiParentTask:
+class MultiParentTask(ExactTask):
     """A multi-parent task: a :class:`MultiParentGraph` and a :class:`TensorPrior` with the same ``k``.
 
     Parameters
@@ -840,7 +840,7 @@ class MultiParentTask:
         :class:`popgrad.Task`).
     """
 
-    __slots__ = ("_graph", "_prior", "_max_sequences")
+    __slots__ = ()
 
     def __init__(self, graph: MultiParentGraph, prior, max_sequences: int = DEFAULT_MAX_SEQUENCES):
         if isinstance(graph, CausalGraph):
@@ -856,54 +856,13 @@ class MultiParentTask:
                 f"the prior's tensors have k = {prior.k} parents but the graph has k = {graph.k}: "
                 f"use a prior with k = {graph.k} (e.g. dirichlet_tensor_prior(S, {graph.k}, ...))"
             )
-        if isinstance(max_sequences, bool) or not isinstance(max_sequences, (int, np.integer)) or max_sequences < 1:
-            raise ValueError(f"max_sequences must be a positive integer, got {max_sequences!r}")
-        self._graph = graph
-        self._prior = prior
-        self._max_sequences = int(max_sequences)
+        self._init_common(graph, prior, max_sequences)
 
     # ---------------------------------------------------------- properties
-    @property
-    def graph(self) -> MultiParentGraph:
-        return self._graph
-
-    @property
-    def prior(self) -> TensorPrior:
-        return self._prior
-
-    @property
-    def S(self) -> int:
-        """Alphabet size."""
-        return self._prior.S
-
-    @property
-    def T(self) -> int:
-        """Sequence length."""
-        return self._graph.T
-
     @property
     def k(self) -> int:
         """Parents per non-root = heads of the model."""
         return self._graph.k
-
-    @property
-    def n_sequences(self) -> int:
-        """``S**T``."""
-        return self.S**self.T
-
-    @property
-    def max_sequences(self) -> int:
-        return self._max_sequences
-
-    @property
-    def t_eff(self) -> float:
-        """The graph's ``T_eff`` (:attr:`MultiParentGraph.t_eff`)."""
-        return self._graph.t_eff
-
-    @property
-    def default_eps(self) -> float:
-        """``T_eff ** -0.5``."""
-        return self._graph.t_eff ** -0.5
 
     def kernel_arrays(self):
         """Contiguous arrays the kernels take.
@@ -924,49 +883,9 @@ class MultiParentTask:
             np.ascontiguousarray(self._prior.weights * float(self.S) ** -n_roots, dtype=np.float64),
         )
 
-    # ---------------------------------------------------------- enumeration
-    def check_size(self) -> None:
-        """Raise :class:`popgrad.TaskTooLargeError` if ``S**T`` exceeds the limit."""
-        n = self.n_sequences
-        if n > self._max_sequences:
-            S, T = self.S, self.T
-            if n < 10**15:
-                count, seconds = f"{n:,}", f"{n / _NOMINAL_SEQ_PER_S:,.1f}"
-            else:
-                count = f"about 10^{T * math.log10(S):.0f}"
-                seconds = f"about 10^{T * math.log10(S) - math.log10(_NOMINAL_SEQ_PER_S):.0f}"
-            raise TaskTooLargeError(
-                f"exact enumeration of S**T = {S}**{T} = {count} sequences exceeds the limit "
-                f"max_sequences = {self._max_sequences:,} (estimated {seconds} s or more per exact "
-                f"loss-and-gradient evaluation at ~{_NOMINAL_SEQ_PER_S:.0e} sequences/s). Ways out: use a "
-                f"smaller S or T, or raise the limit with MultiParentTask(graph, prior, max_sequences=...)."
-            )
-
-    def enumerate(self, chunk_size: int = 2**16) -> Iterator[tuple]:
-        """Yield every sequence with its exact weights, in chunks (same contract as :meth:`popgrad.Task.enumerate`).
-
-        Yields
-        ------
-        seqs : int64 (n, T)
-            Lexicographic order, position ``T-1`` fastest.
-        w : float64 (n, S)
-            ``w[m, c] = w(seqs[m], c)``; over all chunks ``Σ w = 1``.
-        """
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
-            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-        self.check_size()
-        parents, tp, atoms, pk0 = self.kernel_arrays()
-        n_total, T, S = self.n_sequences, self.T, self.S
-        for start in range(0, n_total, int(chunk_size)):
-            n = min(int(chunk_size), n_total - start)
-            seqs = np.empty((n, T), dtype=np.int64)
-            w = np.empty((n, S), dtype=np.float64)
-            _kernels_multi.chunk_weights_multi(start, parents, tp, atoms, atoms, pk0, seqs, w)
-            yield seqs, w
-
-    def all_sequences(self):
-        """``(seqs, w)`` for every sequence at once (small tasks)."""
-        return next(iter(self.enumerate(chunk_size=max(1, self.n_sequences))))
+    def _fill_chunk(self, start, arrays, seqs, w) -> None:
+        parents, tp, atoms, pk0 = arrays
+        _kernels_multi.chunk_weights_multi(start, parents, tp, atoms, atoms, pk0, seqs, w)
 
     # ------------------------------------------------------------- sampling
     def sample(self, n: int, seed) -> Sample:
@@ -999,5 +918,3 @@ class MultiParentTask:
             f"(limit {self._max_sequences:,})\n{self._graph.summary()}\n{self._prior.summary()}"
         )
 
-    def __repr__(self):
-        return f"MultiParentTask(graph={self._graph!r}, prior={self._prior!r})"

@@ -26,7 +26,7 @@ from . import _kernels
 from .graphs import CausalGraph
 from .priors import FinitePrior
 
-__all__ = ["Task", "Sample", "TaskTooLargeError", "DEFAULT_MAX_SEQUENCES", "sequence_weights_numpy"]
+__all__ = ["ExactTask", "Task", "Sample", "TaskTooLargeError", "DEFAULT_MAX_SEQUENCES", "sequence_weights_numpy"]
 
 #: Default limit on ``S**T`` for exact enumeration (about 3 s per exact
 #: loss-and-gradient evaluation at 10M sequences per second).
@@ -57,27 +57,20 @@ class Sample(NamedTuple):
     atoms: np.ndarray
 
 
-class Task:
-    """A causal-structure task: a :class:`CausalGraph` and a :class:`FinitePrior`.
+class ExactTask:
+    """What every enumerable task shares: sizes, the size guard, chunked enumeration.
 
-    Parameters
-    ----------
-    graph : CausalGraph
-    prior : FinitePrior
-    max_sequences : int, optional
-        Largest ``S**T`` that :meth:`enumerate` (and every exact computation)
-        accepts. Default :data:`DEFAULT_MAX_SEQUENCES`. Constructing a task
-        never enumerates, so large ``T`` is fine for polynomial-cost
-        quantities (the idealized gradient).
+    Subclasses (:class:`Task`, :class:`popgrad.multiparent.MultiParentTask`)
+    set ``_graph``, ``_prior`` and ``_max_sequences`` through
+    :meth:`_init_common` and implement :meth:`_fill_chunk` (the exact weights
+    of a block of sequences), :meth:`sample` and :meth:`summary`.
     """
 
     __slots__ = ("_graph", "_prior", "_max_sequences")
+    #: Extra "way out" named by the size-guard error.
+    _size_guard_hint = ""
 
-    def __init__(self, graph: CausalGraph, prior: FinitePrior, max_sequences: int = DEFAULT_MAX_SEQUENCES):
-        if not isinstance(graph, CausalGraph):
-            raise ValueError(f"graph must be a popgrad.CausalGraph, got {type(graph).__name__}")
-        if not isinstance(prior, FinitePrior):
-            raise ValueError(f"prior must be a popgrad.FinitePrior, got {type(prior).__name__}")
+    def _init_common(self, graph, prior, max_sequences) -> None:
         if isinstance(max_sequences, bool) or not isinstance(max_sequences, (int, np.integer)) or max_sequences < 1:
             raise ValueError(f"max_sequences must be a positive integer, got {max_sequences!r}")
         self._graph = graph
@@ -86,11 +79,11 @@ class Task:
 
     # ------------------------------------------------------------ properties
     @property
-    def graph(self) -> CausalGraph:
+    def graph(self):
         return self._graph
 
     @property
-    def prior(self) -> FinitePrior:
+    def prior(self):
         return self._prior
 
     @property
@@ -115,31 +108,13 @@ class Task:
 
     @property
     def t_eff(self) -> float:
-        """The graph's effective length ``T / max_k L_k``."""
+        """The graph's effective length (``T / max_k L_k`` for single-parent graphs)."""
         return self._graph.t_eff
 
     @property
     def default_eps(self) -> float:
         """The loss perturbation ``T_eff ** -0.5`` (DESIGN §3)."""
         return self._graph.t_eff ** -0.5
-
-    def kernel_arrays(self):
-        """Contiguous arrays the numba kernels take.
-
-        Returns
-        -------
-        parents : int64 (T,)
-        mu : float64 (K, S)
-            Stationary distribution of every atom.
-        atoms : float64 (K, S, S)
-        prior_w : float64 (K,)
-        """
-        return (
-            np.ascontiguousarray(self._graph.parents, dtype=np.int64),
-            np.ascontiguousarray(self._prior.stationary, dtype=np.float64),
-            np.ascontiguousarray(self._prior.atoms, dtype=np.float64),
-            np.ascontiguousarray(self._prior.weights, dtype=np.float64),
-        )
 
     # ----------------------------------------------------------- enumeration
     def check_size(self) -> None:
@@ -157,8 +132,7 @@ class Task:
                 f"max_sequences = {self._max_sequences:,} (estimated {seconds} s "
                 f"per exact loss-and-gradient evaluation at ~{_NOMINAL_SEQ_PER_S:.0e} sequences/s; "
                 f"memory stays bounded by the chunk size). Ways out: use a smaller S or T, raise the "
-                f"limit with Task(graph, prior, max_sequences=...), or use the idealized gradient "
-                f"(popgrad.idealized_gradient), whose cost is polynomial in T."
+                f"limit with {type(self).__name__}(graph, prior, max_sequences=...){self._size_guard_hint}."
             )
 
     def enumerate(self, chunk_size: int = 2**16) -> Iterator[tuple]:
@@ -185,19 +159,75 @@ class Task:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
         self.check_size()
-        parents, mu, atoms, prior_w = self.kernel_arrays()
+        arrays = self.kernel_arrays()
         n_total, T, S = self.n_sequences, self.T, self.S
         for start in range(0, n_total, int(chunk_size)):
             n = min(int(chunk_size), n_total - start)
             seqs = np.empty((n, T), dtype=np.int64)
             w = np.empty((n, S), dtype=np.float64)
-            _kernels.chunk_weights(start, parents, mu, atoms, prior_w, seqs, w)
+            self._fill_chunk(start, arrays, seqs, w)
             yield seqs, w
+
+    def _fill_chunk(self, start, arrays, seqs, w) -> None:
+        raise NotImplementedError
+
+    def kernel_arrays(self):
+        raise NotImplementedError
 
     def all_sequences(self):
         """``(seqs, w)`` for every sequence in one pair of arrays (small tasks)."""
-        chunks = list(self.enumerate(chunk_size=max(1, self.n_sequences)))
-        return chunks[0]
+        return next(iter(self.enumerate(chunk_size=max(1, self.n_sequences))))
+
+    def __repr__(self):
+        return f"{type(self).__name__}(graph={self._graph!r}, prior={self._prior!r})"
+
+
+class Task(ExactTask):
+    """A causal-structure task: a :class:`CausalGraph` and a :class:`FinitePrior`.
+
+    Parameters
+    ----------
+    graph : CausalGraph
+    prior : FinitePrior
+    max_sequences : int, optional
+        Largest ``S**T`` that :meth:`enumerate` (and every exact computation)
+        accepts. Default :data:`DEFAULT_MAX_SEQUENCES`. Constructing a task
+        never enumerates, so large ``T`` is fine for polynomial-cost
+        quantities (the idealized gradient).
+    """
+
+    __slots__ = ()
+    _size_guard_hint = (
+        ", or use the idealized gradient (popgrad.idealized_gradient), whose cost is polynomial in T"
+    )
+
+    def __init__(self, graph: CausalGraph, prior: FinitePrior, max_sequences: int = DEFAULT_MAX_SEQUENCES):
+        if not isinstance(graph, CausalGraph):
+            raise ValueError(f"graph must be a popgrad.CausalGraph, got {type(graph).__name__}")
+        if not isinstance(prior, FinitePrior):
+            raise ValueError(f"prior must be a popgrad.FinitePrior, got {type(prior).__name__}")
+        self._init_common(graph, prior, max_sequences)
+
+    def kernel_arrays(self):
+        """Contiguous arrays the numba kernels take.
+
+        Returns
+        -------
+        parents : int64 (T,)
+        mu : float64 (K, S)
+            Stationary distribution of every atom.
+        atoms : float64 (K, S, S)
+        prior_w : float64 (K,)
+        """
+        return (
+            np.ascontiguousarray(self._graph.parents, dtype=np.int64),
+            np.ascontiguousarray(self._prior.stationary, dtype=np.float64),
+            np.ascontiguousarray(self._prior.atoms, dtype=np.float64),
+            np.ascontiguousarray(self._prior.weights, dtype=np.float64),
+        )
+
+    def _fill_chunk(self, start, arrays, seqs, w) -> None:
+        _kernels.chunk_weights(start, *arrays, seqs, w)
 
     # -------------------------------------------------------------- sampling
     def sample(self, n: int, seed) -> Sample:
@@ -234,8 +264,6 @@ class Task:
             f"(limit {self._max_sequences:,})\n{self._graph.summary()}\n{self._prior.summary()}"
         )
 
-    def __repr__(self):
-        return f"Task(graph={self._graph!r}, prior={self._prior!r})"
 
 
 def sequence_weights_numpy(seqs, parents, mu, atoms, prior_w) -> np.ndarray:
