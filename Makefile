@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.popgrad-installed
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench bench-deps install clean
 
 $(STAMP): setup.cfg setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# The benchmark (benchmarks/README.md): popgrad vs NumPy and JAX peers, exact vs sampled, JIT, roofline.
+# JAX is optional (`make bench-deps` installs the `bench` extra); without it the JAX peer is skipped.
 bench: $(STAMP)
-	$(PY) benchmarks/bench_exact.py
+	$(PY) benchmarks/run.py
+
+bench-deps: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

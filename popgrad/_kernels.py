@@ -10,12 +10,20 @@ loop that divides.
 Contents
 
 * exact weights: :func:`decode_sequence`, :func:`sequence_weight_row`,
-  :func:`chunk_weights` (reference :func:`popgrad.task.sequence_weights_numpy`);
+  :func:`chunk_weights`, :func:`rows_weights` (reference
+  :func:`popgrad.task.sequence_weights_numpy`);
 * exact loss and gradient: :func:`loss_grad_prefix` (the default engine),
   :func:`loss_grad_direct` (the fallback), their ``_serial`` twins,
-  :func:`exp_tables` and :func:`sum_slots` (reference
+  :func:`exp_tables`, :func:`sum_slots` and the per-call helpers
+  :func:`attention`, :func:`finish_grad`, :func:`symmetrize_span`,
+  :func:`span_kind`, :func:`row_range`, :func:`all_finite` (reference
   :func:`popgrad.exact.exact_loss_and_grad_numpy`). Why these engines and
   not BLAS: see :mod:`popgrad.exact`;
+* :func:`loss_grad_rows`: the same per-sequence loss on given rows, for
+  Monte-Carlo estimates (reference :func:`popgrad.exact._rows_loss_and_grad_numpy`);
+* for :func:`popgrad.checks.check_ood`: :func:`atom_prefix_probs`,
+  :func:`sup_error_rows`, :func:`stable_argsort`, :func:`weighted_quantile`
+  (bit-identical to the NumPy code they replace; tests compare);
 * :func:`fast_log`: a vectorizable natural logarithm (below).
 
 Both loss engines accept ``sym=True``: they then visit only the canonical
@@ -310,6 +318,31 @@ def stable_argsort(values):
 
 
 @njit(cache=True)
+def weighted_quantile(values, weights, q):
+    """The ``q``-quantile of ``values`` under ``weights``, exactly as
+
+    ``order = argsort(values, kind="stable"); cw = cumsum(weights[order]);
+    values[order][min(searchsorted(cw, q·cw[-1], "left"), n-1)]``
+
+    (the same sequential sums, so the same bits) without the ``n``-long
+    temporaries: :func:`stable_argsort`, one pass for the total, one pass to
+    the first running sum ``≥ q·total``.
+    """
+    order = stable_argsort(values)
+    n = order.shape[0]
+    total = 0.0
+    for i in range(n):
+        total += weights[order[i]]
+    target = q * total
+    acc = 0.0
+    for i in range(n):
+        acc += weights[order[i]]
+        if acc >= target:
+            return values[order[i]]
+    return values[order[n - 1]]
+
+
+@njit(cache=True)
 def sum_slots(loss_out, G_out, dA2_out):
     """Sum the per-block slots in block order into slot 0; return the total loss.
 
@@ -395,53 +428,97 @@ def _direct_block(blk, parents, mu, atoms, prior_w, P, A2, eps, block_size, sym,
                 continue
             mult = orbit[mx + 1]
         sequence_weight_row(s, parents, mu, atoms, prior_w, w)
-        total = 0.0
         for c in range(S):
             w[c] *= mult
-            total += w[c]
-        if total == 0.0:
-            continue
-        q = s[T - 1]
-        for j in range(T):
-            V[j] = A2[q, s[j]]
-        umax = -np.inf
-        for i in range(T):
-            acc = 0.0
-            for j in range(i + 1):
-                acc += P[i, j] * V[j]
-            u[i] = acc
-            if acc > umax:
-                umax = acc
-        Z = 0.0
-        for i in range(T):
-            a[i] = np.exp(u[i] - umax)
-            Z += a[i]
-        for c in range(S):
-            f[c] = 0.0
-        for i in range(T):
-            a[i] = a[i] / Z
-            f[s[i]] += a[i]
-        rbar = 0.0
-        for c in range(S):
-            if w[c] != 0.0:
-                fe = f[c] + eps
-                loss -= w[c] * np.log(fe)
-                r[c] = -w[c] / fe
-            else:
-                r[c] = 0.0
-            rbar += f[c] * r[c]
-        if want_grad:
-            for i in range(T):
-                dl[i] = a[i] * (r[s[i]] - rbar)
-            for i in range(T):
-                for j in range(i + 1):
-                    G[i, j] += dl[i] * V[j]
-            for j in range(T):
-                e = 0.0
-                for i in range(j, T):
-                    e += dl[i] * P[i, j]
-                dA2[q, s[j]] += e
+        loss += _sequence_loss_grad(s, w, P, A2, eps, want_grad, V, u, a, f, r, dl, G, dA2)
     return loss
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _sequence_loss_grad(s, w, P, A2, eps, want_grad, V, u, a, f, r, dl, G, dA2):
+    """Loss of one sequence ``s`` with target weights ``w`` (DESIGN §3–§4); adds its ``G``, ``dA2``.
+
+    ``V, u, a, f, r, dl`` are scratch vectors (``T, T, T, S, S, T``). The
+    layer-2 softmax is shifted by the per-sequence maximum (any finite
+    ``A2``); terms with ``w_c = 0`` are skipped; a zero total weight adds
+    nothing.
+    """
+    T = P.shape[0]
+    S = A2.shape[0]
+    total = 0.0
+    for c in range(S):
+        total += w[c]
+    if total == 0.0:
+        return 0.0
+    q = s[T - 1]
+    for j in range(T):
+        V[j] = A2[q, s[j]]
+    umax = -np.inf
+    for i in range(T):
+        acc = 0.0
+        for j in range(i + 1):
+            acc += P[i, j] * V[j]
+        u[i] = acc
+        if acc > umax:
+            umax = acc
+    Z = 0.0
+    for i in range(T):
+        a[i] = np.exp(u[i] - umax)
+        Z += a[i]
+    for c in range(S):
+        f[c] = 0.0
+    for i in range(T):
+        a[i] = a[i] / Z
+        f[s[i]] += a[i]
+    loss = 0.0
+    rbar = 0.0
+    for c in range(S):
+        if w[c] != 0.0:
+            fe = f[c] + eps
+            loss -= w[c] * np.log(fe)
+            r[c] = -w[c] / fe
+        else:
+            r[c] = 0.0
+        rbar += f[c] * r[c]
+    if want_grad:
+        for i in range(T):
+            dl[i] = a[i] * (r[s[i]] - rbar)
+        for i in range(T):
+            for j in range(i + 1):
+                G[i, j] += dl[i] * V[j]
+        for j in range(T):
+            e = 0.0
+            for i in range(j, T):
+                e += dl[i] * P[i, j]
+            dA2[q, s[j]] += e
+    return loss
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def loss_grad_rows(seqs, w, P, A2, eps, block_size, want_grad, loss_out, G_out, dA2_out):
+    """:func:`loss_grad_direct` on given sequences ``seqs (n, T)`` with weights ``w (n, S)``.
+
+    For Monte-Carlo estimates (:func:`popgrad.exact.sampled_loss_and_grad`):
+    block ``b`` covers rows ``b·block_size …``; one slot per block, summed in
+    order by :func:`sum_slots` (independent of the thread count).
+    """
+    n_blocks = loss_out.shape[0]
+    T = P.shape[0]
+    S = A2.shape[0]
+    n = seqs.shape[0]
+    for blk in prange(n_blocks):
+        V = np.empty(T)
+        u = np.empty(T)
+        a = np.empty(T)
+        f = np.empty(S)
+        r = np.empty(S)
+        dl = np.empty(T)
+        loss = 0.0
+        G = G_out[blk]
+        dA2 = dA2_out[blk]
+        for m in range(blk * block_size, min((blk + 1) * block_size, n)):
+            loss += _sequence_loss_grad(seqs[m], w[m], P, A2, eps, want_grad, V, u, a, f, r, dl, G, dA2)
+        loss_out[blk] = loss
 
 
 # ---------------------------------------------------------------------------
@@ -449,7 +526,10 @@ def _direct_block(blk, parents, mu, atoms, prior_w, P, A2, eps, block_size, sym,
 # ---------------------------------------------------------------------------
 @njit(cache=True, error_model="numpy")
 def attention(A1, P):
-    """``P = softmax_rows(MASK(A1))`` (DESIGN §3) into ``P``; reference :func:`popgrad.model.first_layer_attention`."""
+    """``P = softmax_rows(MASK(A1))`` (DESIGN §3) into ``P``.
+
+    Reference :func:`popgrad.model.first_layer_attention`.
+    """
     T = A1.shape[0]
     for i in range(T):
         m = A1[i, 0]
@@ -469,7 +549,10 @@ def attention(A1, P):
 
 @njit(cache=True)
 def finish_grad(G, P, dA1):
-    """Layer-1 softmax Jacobian: ``dA1[i, j] = P[i, j] (G[i, j] - Σ_{k≤i} P[i, k] G[i, k])`` for ``j ≤ i``, else 0."""
+    """Layer-1 softmax Jacobian, once after the sum.
+
+    ``dA1[i, j] = P[i, j] (G[i, j] - Σ_{k≤i} P[i, k] G[i, k])`` for ``j ≤ i``, else 0.
+    """
     T = G.shape[0]
     for i in range(T):
         dot = 0.0
@@ -483,7 +566,10 @@ def finish_grad(G, P, dA1):
 
 @njit(cache=True)
 def symmetrize_span(D, out):
-    """``out = (tr D / S) I + (Σ_{a≠b} D[a, b] / (S(S-1))) (11ᵀ - I)``: the average of ``σ D σᵀ`` over relabelings."""
+    """The average of ``σ D σᵀ`` over all relabelings ``σ``.
+
+    ``out = (tr D / S) I + (Σ_{a≠b} D[a, b] / (S(S-1))) (11ᵀ - I)``.
+    """
     S = D.shape[0]
     tr = 0.0
     off = 0.0
@@ -498,6 +584,16 @@ def symmetrize_span(D, out):
     for a in range(S):
         for b in range(S):
             out[a, b] = d if a == b else o
+
+
+@njit(cache=True)
+def all_finite(M):
+    """Whether every entry of the 2-D array ``M`` is finite."""
+    for i in range(M.shape[0]):
+        for j in range(M.shape[1]):
+            if not np.isfinite(M[i, j]):
+                return False
+    return True
 
 
 @njit(cache=True)
@@ -521,7 +617,10 @@ def row_range(A2):
 
 @njit(cache=True)
 def span_kind(A2, rtol):
-    """0: ``A2 ∉ span{I, 11ᵀ}``; 1: in it exactly; 2: within ``rtol · max|A2|`` (diagonal and off-diagonal entries)."""
+    """Whether ``A2 ∈ span{I, 11ᵀ}``: 0 no; 1 exactly; 2 within ``rtol · max|A2|``.
+
+    (Equal diagonal entries and equal off-diagonal entries.)
+    """
     S = A2.shape[0]
     d0 = A2[0, 0]
     o0 = A2[0, 1]
@@ -553,7 +652,7 @@ def exp_tables(P, A2, dig, X, Xg):
 
     ``X[j, b, q, i] = exp(P[i, j] (A2[q, b] - m_q))`` with ``m_q = max_b A2[q, b]``
     (entries ``j > i`` are 1), and for the ``h = dig.shape[0]`` batched
-    positions ``Lh … T-2`` (``Lh = T-1-h``) and each leaf group ``g`` (the
+    positions ``Lh … T-2`` (``Lh = T-1-h``) and each leaf group ``g < S**h`` (the
     base-``S`` digits ``dig[:, g]`` of those positions)::
 
         Xg[q, t, g] = Π_{t' ≤ min(t, h-1)} X[Lh+t', dig[t', g], q, Lh+t]   (t < h: row Lh+t)
@@ -566,7 +665,7 @@ def exp_tables(P, A2, dig, X, Xg):
     T = P.shape[0]
     S = A2.shape[0]
     h = dig.shape[0]
-    n_valid = dig.shape[1]
+    n_valid = S**h
     NG = Xg.shape[2]
     Lh = T - 1 - h
     for q in range(S):
@@ -664,8 +763,8 @@ def loss_grad_prefix(parents, fac, pk0, wtab, Q, ctx_pos, X, Xg, mask, dig, ofac
         From :func:`exp_tables`.
     mask : float64 (h, S, NG)
         ``mask[t, c, g] = [digit t of g = c]``; zero for padding groups.
-    dig : int64 (h, S**h)
-        ``dig[t, g]`` = digit ``t`` of ``g`` (most significant first).
+    dig : int64 (h, NG)
+        ``dig[t, g]`` = digit ``t`` of ``g`` (most significant first); 0 for padding groups.
     ofac : float64 (S+1, S, NG)
         Orbit factors (used when ``sym``).
     P : float64 (T, T)
@@ -775,7 +874,7 @@ def _prefix_block(blk, parents, fac, pk0, wtab, Q, ctx_pos, X, Xg, mask, dig, of
             if wmode == 1:
                 Wc[bi, :, :] = W
         bi += 1
-        _batch_leaves(S, Lh, eps, want_grad, ep, Zp, Fp, W, Xg, mask, work, lacc, Dacc, B, R)
+        _batch_leaves(S, Lh, eps, want_grad, ep, Zp, Fp, W, Xg, mask, dig, work, lacc, Dacc, B, R)
         # ---- advance the odometer over positions D .. Lh-1
         d_set = Lh - 1
         while d_set >= D:
@@ -816,7 +915,7 @@ def _prefix_block(blk, parents, fac, pk0, wtab, Q, ctx_pos, X, Xg, mask, dig, of
         loss += lacc[g]
     if want_grad:
         # rows and columns of the batched positions, from the per-group sums Dacc
-        n_valid = dig.shape[1]
+        n_valid = S**h
         for q in range(S):
             for t in range(h1):
                 i = Lh + t
@@ -843,7 +942,7 @@ def _prefix_block(blk, parents, fac, pk0, wtab, Q, ctx_pos, X, Xg, mask, dig, of
 
 
 @njit(cache=True, error_model="numpy")
-def _batch_leaves(S, Lh, eps, want_grad, ep, Zp, Fp, W, Xg, mask, work, lacc, Dacc, B, R):
+def _batch_leaves(S, Lh, eps, want_grad, ep, Zp, Fp, W, Xg, mask, dig, work, lacc, Dacc, B, R):
     """Forward and backward of every leaf below one batch node (see :func:`loss_grad_prefix`).
 
     Loops run over the group axis ``g`` (length ``NG``, a multiple of
@@ -924,17 +1023,12 @@ def _batch_leaves(S, Lh, eps, want_grad, ep, Zp, Fp, W, Xg, mask, work, lacc, Da
                 B[Lh - 1, q, c] = _sum_lanes(Rg[c])
         # δ of the batched rows: E[t, g] · B[s_{Lh+t}, g]
         for t in range(h1):
-            if t < h:
+            if t < h:  # gather B at the token of position Lh+t
                 for g in range(NG):
-                    tmp[g] = 0.0
-                for c in range(S):
-                    for g in range(NG):
-                        tmp[g] += mask[t, c, g] * Rg[c, g]
+                    tmp[g] = E[t, g] * Rg[dig[t, g], g]
             else:  # the query row: token q
                 for g in range(NG):
-                    tmp[g] = Rg[q, g]
-            for g in range(NG):
-                tmp[g] = E[t, g] * tmp[g]
+                    tmp[g] = E[t, g] * Rg[q, g]
             for g in range(NG):
                 Dacc[q, t, g] += tmp[g]
             if Lh > 0:

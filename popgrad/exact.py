@@ -22,15 +22,23 @@ Engines
 
 * ``"prefix"`` (default): enumerates the tree of prefixes depth first (the
   query, fastest in the enumeration order, innermost) and computes what
-  depends on ``s_0 … s_d`` once per prefix: the per-atom weight products,
-  the layer-2 exponentials as running products of a precomputed table
+  depends on ``s_0 … s_d`` once per prefix: the per-atom weight products
+  (``p_k ← p_k · π_k(s_d | s_{p(d)})``: *incremental weights*, one multiply
+  per atom per prefix, never a product over the whole sequence), the
+  layer-2 exponentials as running products of a precomputed table
   ``exp(P[i,j] (A2[q,b] - max_b A2[q,b]))`` (no ``exp`` in the loop), the
-  softmax normaliser and the output numerators as running sums. The
-  weights of the last few positions are batched into one small matrix
-  product per subtree, and the backward pass is accumulated per subtree
-  (only ``S²`` numbers per depth for the rows already fixed), so a
-  sequence costs ``O(S + K)`` instead of ``O(T² + K·T)``. It needs the
-  exponentials of the row ranges of ``A2`` far from underflow: used when
+  softmax normaliser and the output numerators as running sums. The last
+  ``h`` positions (``S**h ≥ 64`` leaf groups) and the query are processed
+  per *batch node* in loops over the leaf groups that LLVM vectorizes
+  (AVX-512 on the benchmark machine): the leaf weights are one small matrix
+  product ``W = Σ_k p_k Q[k, g] π_k(c | q)`` per batch node, the
+  exponentials of the batched rows one multiply by a per-call table, the
+  logarithm a vectorizable fdlibm ``log`` (:func:`popgrad._kernels.fast_log`,
+  < 1 ulp). The backward pass is accumulated per subtree (``S²`` numbers
+  per depth for the rows already fixed, per-group sums for the batched
+  rows), so a sequence costs ``O(S + K)`` (``O(S)`` with cached weights)
+  instead of ``O(T² + K·T)``. It needs the exponentials of the row ranges
+  of ``A2`` far from underflow: used when
   ``max_q (max_b A2[q,b] - min_b A2[q,b]) ≤ A2_RANGE_LIMIT = 500``.
 * ``"direct"``: one fused per-sequence loop with ``T``-vectors (``O(T²)`` per
   sequence, weights from :func:`popgrad._kernels.sequence_weight_row`) and
@@ -38,23 +46,60 @@ Engines
   used when the range exceeds 500 (e.g. the Knowl-8 construction at large
   ``β2``).
 
-Measured on the 2-core benchmark machine, S=3, T=12, K=48 atoms (531,441
-sequences, ``benchmarks/bench_exact.py``), sequences per second of one exact
-loss and gradient: ``"prefix"`` ≈ 32 M/s, the fused per-sequence
-``"direct"`` kernel ≈ 2.8 M/s, BLAS per chunk (numba weights, then
-``V Pᵀ``, ``Δᵀ V``, ``Δ P`` by NumPy/BLAS on chunks of 65,536 sequences)
-≈ 1.5 M/s, the NumPy reference ≈ 0.5 M/s. BLAS loses because the products
-are ``N×T`` by ``T×T`` with ``T ≤ 20``: too thin to amortise materialising
-``Δ`` and ``V`` and the elementwise passes over them (threaded BLAS is
-slower still); the fused loop avoids that traffic, and the prefix engine
-removes most of the arithmetic (about 11× over the fused loop).
+*Weight cache*: the leaf weights ``W`` of every batch node depend on the
+task only, not on ``A1, A2``; the first call on a task computes and keeps
+them (when they fit in ``WEIGHT_CACHE_BYTES`` = 64 MB, e.g. S=3, T=12: 14
+MB, S=4, T=10: 34 MB; at most ``WEIGHT_CACHE_TOTAL`` = 128 MB over all
+tasks, least recently used dropped first), later calls read them. A
+training loop calls the engine hundreds of times on the same task; the
+cache changes no bit.
 
-Determinism: both kernels split the enumeration into a fixed number of
-blocks that depends on ``S`` and ``T`` only; each block writes its own slot
-and the slots are summed in block order. Results are bit-identical for any
-thread count (``NUMBA_NUM_THREADS``) and between calls. Tasks below
-``PARALLEL_MIN_SEQUENCES`` run the same blocks on the calling thread
-(waking the thread pool costs more than it saves there).
+*Orbit reduction* (DESIGN §10, ``symmetry="auto"``): when the prior is
+exactly closed under token relabeling (:func:`symmetry_applies`; atoms bit
+for bit, stationary distributions to 1e-12) and ``A2 ∈ span{I, 11ᵀ}``, the
+loss and ``dA1`` are invariant and ``dA2`` is equivariant under relabeling
+``σ`` of the tokens, because ``w(σs, σc) = w(s, c)`` and
+``f_{σc}(σs) = f_c(s)``. Both engines then visit only the *canonical*
+sequences (first occurrences in the order ``0, 1, 2, …``: one per orbit,
+``Σ_{m≤S} Stirling2(T, m)`` of them, about ``S!`` fewer) with their weights
+multiplied by the orbit size ``S!/(S-m)!`` (``m`` distinct tokens), and
+``dA2`` is averaged over relabelings: its mean diagonal on the diagonal,
+its mean off-diagonal elsewhere (the average of ``σ D σᵀ``). The result
+equals the full enumeration up to rounding (tests: 1e-12) and ``dA2`` lies
+*exactly* in the span, so a Stage-2 step keeps ``A2`` in it bit for bit and
+the reduction stays on for the whole of Algorithm 1 (Stage 1 has
+``A2 = β0·I``). An ``A2`` within ``SPAN_RTOL = 1e-15`` of the span is
+projected onto it.
+
+Why a fused kernel and not BLAS (``python benchmarks/run.py``, engines
+table; 2-core AMD EPYC, AVX-512, S=3, T=12, K=48 atoms, 531,441 sequences,
+one exact loss and gradient, full enumeration): ``"prefix"`` ≈ 140 M
+sequences/s (32 M/s with one leaf group at a time, before issue 6), the
+fused per-sequence ``"direct"`` kernel ≈ 2.6 M/s, BLAS per chunk (numba
+weights, then ``V Pᵀ``, ``Δᵀ V``, ``Δ P`` by NumPy/BLAS on chunks of 65,536
+sequences) ≈ 1.7 M/s, the NumPy reference ≈ 0.6 M/s, a jitted JAX
+``value_and_grad`` over precomputed sequences and weights ≈ 3.4 M/s (≈ 40×
+slower). BLAS loses because the products are ``N×T`` by ``T×T`` with
+``T ≤ 20``: too thin to amortise materialising ``Δ`` and ``V`` and the
+elementwise passes over them (threaded BLAS is slower still); the fused
+loop avoids that traffic, and the prefix engine removes most of the
+arithmetic: about 55× over the fused per-sequence loop. With the orbit
+reduction the same call takes ≈ 0.7 ms (≈ 760 M sequence-equivalents
+``S**T`` per second).
+
+Determinism: both kernels split the enumeration into a fixed set of blocks
+(whole subtrees; canonical prefixes with the reduction) that depends on
+``S``, ``T`` and the mode only; each block writes its own slot and the slots
+are summed in block order. Results are bit-identical for any thread count
+(``NUMBA_NUM_THREADS``) and between calls. Tasks below
+``PARALLEL_MIN_SEQUENCES`` (visited sequences) run the same blocks on the
+calling thread (waking the thread pool costs more than it saves there).
+With the reduction, blocks differ in size: they run in an order that
+balances numba's contiguous per-thread chunks (heaviest and lightest
+alternate), which never changes a bit.
+
+Monte-Carlo comparison: :func:`sampled_loss_and_grad` is the same model
+summed over ``task.sample(n, seed)`` with soft labels (unbiased).
 
 Reference losses (DESIGN §7)
 ----------------------------
@@ -87,6 +132,7 @@ __all__ = [
     "exact_loss_and_grad",
     "exact_loss",
     "exact_loss_and_grad_numpy",
+    "sampled_loss_and_grad",
     "symmetry_applies",
     "canonical_count",
     "canonical_sequences",
@@ -116,7 +162,9 @@ PARALLEL_MIN_SEQUENCES = 2**15
 #: The prefix engine keeps the leaf weights of every batch node (they depend on the task only,
 #: not on ``A1, A2``) when they fit in this many bytes: later calls read them instead of
 #: recomputing ``K·S²`` products per leaf group (the first call computes and stores them).
-WEIGHT_CACHE_BYTES = 2**24
+WEIGHT_CACHE_BYTES = 2**26
+#: Total bytes of leaf weights kept over all tasks; the least recently used tasks' weights go first.
+WEIGHT_CACHE_TOTAL = 2**27
 #: Smallest number of sequences per block of the direct engine.
 DIRECT_BLOCK_SEQUENCES = 4096
 #: Largest number of blocks (one ``T×T`` slot each) of either engine.
@@ -242,6 +290,65 @@ def exact_loss_and_grad_numpy(task, A1, A2, eps=None, symmetry="off") -> LossAnd
     P = first_layer_attention(A1)
     loss, G, dA2 = _numpy_sums(task, P, A2, eps, canonical=sym)
     return _finish(loss, G, _symmetrize_dA2(dA2) if sym else dA2, P)
+
+
+def sampled_loss_and_grad(task, A1, A2, n, seed, eps=None) -> LossAndGrad:
+    """Monte-Carlo estimate of :func:`exact_loss_and_grad` from ``n`` draws (soft labels).
+
+    ``task.sample(n, seed)`` draws sequences ``s_m`` and their soft labels
+    ``y_m = π_m(· | s_{m,T-1})``; the estimate is the same model loss and
+    gradient summed with weights ``w(s_m, c) = y_m[c] / n``: unbiased, since
+    ``E[Σ_m y_m[c] [s_m = s]] / n = w(s, c)``. This is what a training loop
+    on sampled batches sees (the paper's code uses ``n = 1024``); the
+    benchmark compares its error and cost with the exact sum. Uses the
+    fused per-sequence kernel (:func:`popgrad._kernels.loss_grad_rows`),
+    blocks of :data:`DIRECT_BLOCK_SEQUENCES` rows (thread-count independent).
+
+    Parameters
+    ----------
+    task : Task
+    A1, A2 : array_like
+        As in :func:`exact_loss_and_grad`.
+    n : int
+        Number of draws.
+    seed : int or numpy Generator seed
+        Passed to ``task.sample``.
+    eps : float, optional
+        Default ``task.default_eps``.
+
+    Returns
+    -------
+    LossAndGrad
+        The estimates of the loss, ``dA1``, ``dA2``.
+    """
+    A1, A2, eps = _validate(task, A1, A2, eps)
+    sample = task.sample(n, seed)
+    return _rows_loss_and_grad(sample.seqs, sample.targets / n, A1, A2, eps)
+
+
+def _rows_loss_and_grad(seqs, w, A1, A2, eps) -> LossAndGrad:
+    """Loss and gradient summed over given sequences ``seqs (n, T)`` with weights ``w (n, S)`` (numba)."""
+    T, S = A1.shape[0], A2.shape[0]
+    seqs = np.ascontiguousarray(seqs, dtype=np.int64)
+    w = np.ascontiguousarray(w, dtype=np.float64)
+    P = np.empty((T, T))
+    _kernels.attention(np.ascontiguousarray(A1, dtype=np.float64), P)
+    n = len(seqs)
+    n_blocks = max(1, -(-n // DIRECT_BLOCK_SEQUENCES))
+    loss_s, G_s, dA2_s = _slots(n_blocks, T, S)
+    _kernels.loss_grad_rows(seqs, w, P, np.ascontiguousarray(A2, dtype=np.float64), float(eps),
+                            DIRECT_BLOCK_SEQUENCES, True, loss_s, G_s, dA2_s)
+    loss = float(_kernels.sum_slots(loss_s, G_s, dA2_s))
+    dA1 = np.empty((T, T))
+    _kernels.finish_grad(G_s[0], P, dA1)
+    return LossAndGrad(loss, dA1, dA2_s[0].copy())
+
+
+def _rows_loss_and_grad_numpy(seqs, w, A1, A2, eps) -> LossAndGrad:
+    """NumPy reference of :func:`_rows_loss_and_grad` (DESIGN §3–§4 with whole-array products)."""
+    P = first_layer_attention(A1)
+    loss, G, dA2 = _numpy_chunk_sums(np.asarray(seqs), np.asarray(w, dtype=float), P, np.asarray(A2, float), eps)
+    return _finish(loss, np.tril(G), dA2.reshape(A2.shape), P)
 
 
 def optimal_loss(task, eps=0.0) -> float:
@@ -517,6 +624,7 @@ def _exact(task, A1, A2, eps, want_grad, engine=None, symmetry="auto") -> LossAn
         if plan.wcache:
             Wc, wmode = plan.wcache[0], 2
         elif plan.n_batch * S * S * plan.n_groups * 8 <= WEIGHT_CACHE_BYTES:
+            _make_room(plan.n_batch * S * S * plan.n_groups * 8)
             Wc, wmode = np.empty((plan.n_batch, S * S, plan.n_groups)), 1
         else:
             Wc, wmode = _NO_CACHE, 0
@@ -554,6 +662,17 @@ def _exact(task, A1, A2, eps, want_grad, engine=None, symmetry="auto") -> LossAn
         dA1[:] = np.nan
         dA2[:] = np.nan
     return LossAndGrad(loss, dA1, dA2)
+
+
+def _make_room(nbytes):
+    """Drop the cached leaf weights of the least recently used plans until ``nbytes`` more fit in the budget."""
+    held = [p for _, p in _PLANS.values() if p.wcache]  # oldest first
+    total = sum(p.wcache[0].nbytes for p in held)
+    for p in held:
+        if total + nbytes <= WEIGHT_CACHE_TOTAL:
+            break
+        total -= p.wcache[0].nbytes
+        p.wcache.clear()
 
 
 def _parallel(n_blocks, n_sequences) -> bool:
@@ -603,8 +722,12 @@ def _exactly_closed(prior) -> bool:
     entrywise to ``MU_RTOL = 1e-12`` relative (GTH is entrywise accurate,
     but not bit-equivariant). Comparing ``μ`` matters for reducible atoms,
     whose stationary distribution is not unique: for the identity matrix
-    GTH returns ``μ = e_0``, which is not relabeling-equivariant. Cost
-    ``O(S! · K · S²)`` with hashing. This implies
+    GTH returns ``μ = e_0``, which is not relabeling-equivariant. Only the
+    two generators of the symmetric group are tried (the transposition
+    ``(0 1)`` and the cycle ``(0 1 … S-1)``): a set invariant under both is
+    invariant under every relabeling. Cost ``O(K · S²)`` with hashing (S=5,
+    960 atoms: a few ms; ``prior.is_relabeling_closed()`` tries all ``S!``
+    relabelings pairwise, 15 s there). This implies
     ``prior.is_relabeling_closed()`` (atoms only, to ``1e-10``).
     """
     key = id(prior)
@@ -620,8 +743,8 @@ def _exactly_closed(prior) -> bool:
             table[a.tobytes()][1] = np.full(S, np.nan)  # identical atoms, different mu: never matches
     wmax = max(e[0] for e in table.values())
     closed = True
-    for perm in itertools.permutations(range(S)):
-        perm = np.asarray(perm)
+    generators = [np.array([1, 0] + list(range(2, S))), np.roll(np.arange(S), -1)]
+    for perm in generators:
         for k, (wk, mu) in table.items():
             moved = np.empty((S, S))
             moved[np.ix_(perm, perm)] = np.frombuffer(k).reshape(S, S)
@@ -678,7 +801,10 @@ def canonical_sequences(S, n) -> np.ndarray:
 
 
 def _continuations(S, n, m0):
-    """Canonical continuations of length ``n`` after a prefix that used tokens ``0 … m0-1``, int64 ``(count, n)``."""
+    """Canonical continuations of length ``n`` after a prefix that used tokens ``0 … m0-1``.
+
+    Returns int64 ``(count, n)`` in lexicographic order.
+    """
     seqs = np.zeros((1, 0), dtype=np.int64)
     mx = np.full(1, m0 - 1, dtype=np.int64)
     for _ in range(n):
@@ -781,11 +907,13 @@ def _build_prefix_plan(task, sym) -> _Plan:
     Qv = _batch_factor_table(parents, mu, atoms, Lh, h, ctx_pos)
     Q = np.zeros(Qv.shape[:2] + (NG,))
     Q[:, :, :n_valid] = Qv
-    dig = ((np.arange(n_valid)[None, :] // S ** np.arange(h - 1, -1, -1)[:, None]) % S).astype(np.int64)
+    dig_v = ((np.arange(n_valid)[None, :] // S ** np.arange(h - 1, -1, -1)[:, None]) % S).astype(np.int64)
+    dig = np.zeros((h, NG), dtype=np.int64)
+    dig[:, :n_valid] = dig_v
     mask = np.zeros((h, S, NG))
     for t in range(h):
-        mask[t, dig[t], np.arange(n_valid)] = 1.0
-    ofac = _orbit_factor_table(S, dig, NG) if sym else np.ones((1, 1, 1))
+        mask[t, dig_v[t], np.arange(n_valid)] = 1.0
+    ofac = _orbit_factor_table(S, dig_v, NG) if sym else np.ones((1, 1, 1))
     return _Plan(
         parents=parents, fac=fac, pk0=prior_w / S, wtab=np.ascontiguousarray(atoms.reshape(K, S * S)), Q=Q,
         ctx_pos=ctx_pos, mask=mask, dig=dig, ofac=ofac, prefixes=np.ascontiguousarray(prefixes),
@@ -968,23 +1096,33 @@ def _numpy_sums(task, P, A2, eps, start=0, stop=None, chunk=NUMPY_CHUNK, canonic
             )
         )
     for seqs, w in chunks:
-        q = seqs[:, T - 1]
-        V = A2[q[:, None], seqs]  # (n, T)
-        a = softmax(V @ P.T, axis=1)  # (n, T)
-        f = np.empty((len(seqs), S))
-        for c in range(S):
-            f[:, c] = np.sum(a * (seqs == c), axis=1)
-        pos = w > 0
-        fe = f + eps
-        with np.errstate(divide="ignore", invalid="ignore"):
-            loss -= float(np.sum(w[pos] * np.log(fe[pos])))
-            r = np.where(pos, -w / np.where(pos, fe, 1.0), 0.0)
-            rbar = np.sum(f * r, axis=1)
-            delta = a * (np.take_along_axis(r, seqs, axis=1) - rbar[:, None])  # (n, T)
-        G += delta.T @ V
-        E = delta @ P  # E[n, j] = Σ_i δ_i P[i, j]
-        dA2 += np.bincount((q[:, None] * S + seqs).ravel(), weights=E.ravel(), minlength=S * S)
+        l_c, G_c, dA2_c = _numpy_chunk_sums(seqs, w, P, A2, eps)
+        loss += l_c
+        G += G_c
+        dA2 += dA2_c
     return loss, np.tril(G), dA2.reshape(S, S)
+
+
+def _numpy_chunk_sums(seqs, w, P, A2, eps):
+    """One chunk of the NumPy reference: ``(loss, G (T, T), dA2 (S*S,))`` summed over its sequences."""
+    T, S = P.shape[0], A2.shape[0]
+    q = seqs[:, T - 1]
+    V = A2[q[:, None], seqs]  # (n, T)
+    a = softmax(V @ P.T, axis=1)  # (n, T)
+    f = np.empty((len(seqs), S))
+    for c in range(S):
+        f[:, c] = np.sum(a * (seqs == c), axis=1)
+    pos = w > 0
+    fe = f + eps
+    with np.errstate(divide="ignore", invalid="ignore"):
+        loss = -float(np.sum(w[pos] * np.log(fe[pos])))
+        r = np.where(pos, -w / np.where(pos, fe, 1.0), 0.0)
+        rbar = np.sum(f * r, axis=1)
+        delta = a * (np.take_along_axis(r, seqs, axis=1) - rbar[:, None])  # (n, T)
+    G = delta.T @ V
+    E = delta @ P  # E[n, j] = Σ_i δ_i P[i, j]
+    dA2 = np.bincount((q[:, None] * S + seqs).ravel(), weights=E.ravel(), minlength=S * S)
+    return loss, G, dA2
 
 
 # ---------------------------------------------------------------- validation
@@ -1021,14 +1159,22 @@ def _check_eps(task, eps) -> float:
 
 def _validate(task, A1, A2, eps):
     _check_task(task)
-    A1 = _check_square(A1, "A1")
-    A2 = _check_square(A2, "A2")
+    A1 = _square_fast(A1, "A1")
+    A2 = _square_fast(A2, "A2")
     T, S = task.T, task.S
     if A1.shape != (T, T):
         raise ValueError(f"A1 must have shape (T, T) = ({T}, {T}) for this task, got {A1.shape}")
     if A2.shape != (S, S):
         raise ValueError(f"A2 must have shape (S, S) = ({S}, {S}) for this task, got {A2.shape}")
     return A1, A2, _check_eps(task, eps)
+
+
+def _square_fast(M, name):
+    """:func:`popgrad.model._check_square` with a fast path for finite float64 square arrays (the training loop)."""
+    if type(M) is np.ndarray and M.dtype == np.float64 and M.ndim == 2 and M.shape[0] == M.shape[1] \
+            and _kernels.all_finite(M):
+        return M
+    return _check_square(M, name)  # converts, or raises with the message that names the entry
 
 
 def _warn_inf(where):

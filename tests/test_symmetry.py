@@ -181,6 +181,16 @@ def test_closure_check_compares_stationary_distributions():
     assert_same(red, exact.exact_loss_and_grad_numpy(task, A1, np.eye(3), eps=0.1))
 
 
+def test_closure_under_a_subgroup_is_not_enough():
+    """Closed under cyclic shifts only, or under one transposition only: not closed (S=4)."""
+    A = pg.dirichlet_prior(4, 1.0, 1, 0, symmetrize=False).atoms[0]
+    cyclic = np.stack([pg.relabel(A, np.roll(np.arange(4), k)) for k in range(4)])
+    swap = np.stack([A, pg.relabel(A, [1, 0, 2, 3])])
+    for atoms in (cyclic, swap):
+        prior = pg.FinitePrior(atoms)
+        assert not exact._exactly_closed(prior) and not prior.is_relabeling_closed()
+
+
 def test_closure_check_implies_is_relabeling_closed():
     for S in (2, 3, 4):
         prior = pg.dirichlet_prior(S, 0.5, 3, S, symmetrize=True)
@@ -321,6 +331,24 @@ def test_weight_cache_does_not_change_a_bit(symmetry):
         np.testing.assert_array_equal(r.dA2, first.dA2)
 
 
+def test_weight_cache_budget_drops_the_least_recently_used():
+    tasks_ = [closed_task(S=3, T=7, seed=s) for s in range(3)]
+    A1, A2 = np.zeros((7, 7)), np.eye(3)
+    first = [pg.exact_loss_and_grad(t, A1, A2, symmetry="off") for t in tasks_]
+    nbytes = exact._prefix_plan(tasks_[0], False).wcache[0].nbytes
+    saved = exact.WEIGHT_CACHE_TOTAL
+    try:
+        exact.WEIGHT_CACHE_TOTAL = 2 * nbytes  # room for two tasks' weights
+        for t in tasks_:
+            exact._prefix_plan(t, False).wcache.clear()
+        again = [pg.exact_loss_and_grad(t, A1, A2, symmetry="off") for t in tasks_]
+        held = [bool(exact._prefix_plan(t, False).wcache) for t in tasks_]
+    finally:
+        exact.WEIGHT_CACHE_TOTAL = saved
+    assert held == [False, True, True]
+    assert [r.loss for r in again] == [r.loss for r in first]
+
+
 # ============================================ reference losses
 @settings(max_examples=20)
 @given(st.data())
@@ -387,3 +415,78 @@ def test_sup_error_distribution_is_bit_identical_to_the_numpy_formulation(S, T):
         e0, p0 = _sup_error_distribution_numpy(task, A1, A2, atoms, aw)
         np.testing.assert_array_equal(e, e0)
         np.testing.assert_array_equal(p, p0)
+
+
+@settings(max_examples=20)
+@given(st.data())
+def test_sampled_loss_and_grad_matches_numpy_on_the_same_sample(data):
+    """The Monte-Carlo estimate (numba rows kernel) against the NumPy formulas on the same draws."""
+    task = data.draw(tasks(min_S=2, max_S=4, min_T=2, max_T=8, max_sequences=20_000))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    A1, A2 = rng.normal(size=(task.T, task.T)), rng.normal(size=(task.S, task.S))
+    n = data.draw(st.sampled_from([1, 100, 5000]))
+    seed = data.draw(st.integers(0, 1000))
+    est = exact.sampled_loss_and_grad(task, A1, A2, n, seed)
+    smp = task.sample(n, seed)
+    ref = exact._rows_loss_and_grad_numpy(smp.seqs, smp.targets / n, A1, A2, task.default_eps)
+    assert_same(est, ref)
+
+
+def test_sampled_estimate_converges_to_the_exact_gradient():
+    """Unbiased with error ~ n^-1/2: 64x more draws, error at least 3x smaller (8x expected; fixed seeds)."""
+    task = closed_task(S=3, T=6)
+    rng = np.random.default_rng(3)
+    A1, A2 = rng.normal(size=(6, 6)), rng.normal(size=(3, 3))
+    ex = pg.exact_loss_and_grad(task, A1, A2)
+
+    def err(n):
+        est = exact.sampled_loss_and_grad(task, A1, A2, n, 11)
+        return np.sqrt(np.sum((est.dA1 - ex.dA1) ** 2) + np.sum((est.dA2 - ex.dA2) ** 2))
+
+    assert err(2**16) * 3 < err(2**10)
+
+
+@given(st.integers(1, 400), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.5, 0.99, 1.0]))
+def test_weighted_quantile_is_the_numpy_formula(n, seed, q):
+    """``checks._weighted_quantile`` (one kernel) against the NumPy code it replaced, bit for bit."""
+    rng = np.random.default_rng(seed)
+    values = rng.random(n).round(int(rng.integers(1, 4)))  # ties
+    weights = rng.random(n) * (rng.random(n) > 0.2)
+    weights[0] += 0.1
+    order = np.argsort(values, kind="stable")
+    cw = np.cumsum(weights[order])
+    want = float(values[order][min(int(np.searchsorted(cw, q * cw[-1], side="left")), n - 1)])
+    assert checks._weighted_quantile(values, weights, q) == want
+
+
+@given(st.data())
+def test_small_kernels_against_numpy(data):
+    task = data.draw(tasks(min_S=2, max_S=4, min_T=2, max_T=7, max_sequences=3_000))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    seqs, w = task.all_sequences()
+    out, out_p = np.empty_like(w), np.empty_like(w)
+    _kernels.rows_weights_serial(seqs, *task.kernel_arrays(), out)
+    _kernels.rows_weights(seqs, *task.kernel_arrays(), out_p)
+    np.testing.assert_array_equal(out, w)  # same arithmetic as chunk_weights
+    np.testing.assert_array_equal(out_p, w)
+    np.testing.assert_allclose(out, sequence_weights_numpy(seqs, *task.kernel_arrays()), rtol=1e-13, atol=0)
+    A1 = 3 * rng.normal(size=(task.T, task.T))
+    P = np.empty_like(A1)
+    _kernels.attention(A1, P)
+    np.testing.assert_allclose(P, pg.model.first_layer_attention(A1), rtol=1e-14, atol=1e-300)
+    G = rng.normal(size=(task.T, task.T))
+    dA1 = np.empty_like(G)
+    _kernels.finish_grad(G, P, dA1)
+    Gl = np.tril(G)
+    np.testing.assert_allclose(dA1, np.tril(P * (Gl - np.sum(P * Gl, axis=1, keepdims=True))), rtol=1e-13, atol=1e-15)
+    D = rng.normal(size=(task.S, task.S))
+    perms = [np.array(p) for p in itertools.permutations(range(task.S))]
+    avg = np.mean([D[np.ix_(np.argsort(p), np.argsort(p))] for p in perms], axis=0)  # mean of σ D σᵀ
+    out2 = np.empty_like(D)
+    _kernels.symmetrize_span(D, out2)
+    np.testing.assert_allclose(out2, avg, rtol=1e-13, atol=1e-15)
+    assert _kernels.row_range(D) == np.ptp(D, axis=1).max()
+    assert _kernels.span_kind(D, 1e-15) == 0 and _kernels.span_kind(out2, 0.0) == 1
+    assert _kernels.all_finite(D)
+    D[0, -1] = np.nan
+    assert not _kernels.all_finite(D)
