@@ -185,7 +185,7 @@ class Assumptions(NamedTuple):
     nondegenerate : bool
         ``nondegeneracy ≥ gamma² / S``.
     symmetric : bool or None
-        Relabeling-closed weighted atom set (``None``: not checked, ``S > 7``).
+        Relabeling-closed weighted atom set.
     uniform_mean_error : float
         ``max |E[π] - 1/S|``.
     uniform_mean : bool

@@ -137,8 +137,7 @@ class PriorDiagnostics(NamedTuple):
     nondegenerate : bool
         Whether ``nondegeneracy ≥ gamma² / S``.
     symmetric : bool or None
-        Whether the weighted atom set is closed under all relabelings
-        (``None`` when ``S > 7``: not checked).
+        Whether the weighted atom set is closed under all relabelings.
     uniform_mean_error : float
         ``max |E[π] - 1/S|`` over entries.
     uniform_mean : bool
@@ -148,12 +147,12 @@ class PriorDiagnostics(NamedTuple):
     gamma: float
     nondegeneracy: float
     nondegenerate: bool
-    symmetric: object
+    symmetric: bool
     uniform_mean_error: float
     uniform_mean: bool
 
     def summary(self) -> str:
-        sym = "not checked (S > 7)" if self.symmetric is None else str(self.symmetric)
+        sym = str(self.symmetric)
         return (
             f"gamma={self.gamma:.4g} (min pi = gamma/S), "
             f"non-degeneracy={self.nondegeneracy:.4g} (>= gamma^2/S: {self.nondegenerate}), "
@@ -263,18 +262,26 @@ class FinitePrior:
         return np.einsum("k,kab->ab", self._weights, self._atoms)
 
     # ----------------------------------------------------------- diagnostics
-    def is_relabeling_closed(self, tol: float = 1e-10):
+    def is_relabeling_closed(self, tol: float = 1e-10) -> bool:
         """Whether the weighted atom set is invariant under every relabeling.
 
-        Identical atoms (within ``tol``) are merged with their weights summed;
-        the prior is closed when every relabeling maps each merged atom onto a
-        merged atom of the same weight. Returns ``None`` for ``S > 7``.
+        Identical atoms (within ``tol``, max-abs) are merged with their
+        weights summed; the prior is closed when the transposition ``(0 1)``
+        and the cycle ``(0 1 … S-1)`` (which generate every relabeling) map
+        each merged atom onto a merged atom of the same weight. Cost
+        ``O(K² S²)``. The answer for the default ``tol`` is cached.
+
+        This is a property of the distribution of ``π``. For reducible atoms
+        the stationary distribution that the task uses for roots (GTH) need
+        not be relabeling-equivariant; the exact engine's symmetry reduction
+        checks that too (:func:`popgrad.exact.symmetry_applies`).
         """
-        if self.S > 7:
-            return None
-        if self._symmetric is None:
-            self._symmetric = _closed_under_relabeling(self._atoms, self._weights, tol)
-        return self._symmetric
+        if tol == 1e-10 and self._symmetric is not None:
+            return self._symmetric
+        closed = _closed_under_relabeling(self._atoms, self._weights, tol)
+        if tol == 1e-10:
+            self._symmetric = closed
+        return closed
 
     def diagnostics(self) -> PriorDiagnostics:
         """Measure the paper's assumptions on this prior (DESIGN §6)."""
@@ -302,28 +309,30 @@ class FinitePrior:
 def _closed_under_relabeling(atoms, weights, tol) -> bool:
     K, S, _ = atoms.shape
     flat = atoms.reshape(K, -1)
-    # merge identical atoms
-    rep = []  # representative indices
-    rep_w = []
+    # merge identical atoms (within tol)
+    rep, rep_w = [], []
     for k in range(K):
-        for r_i, r in enumerate(rep):
-            if np.abs(flat[k] - flat[r]).max() <= tol:
-                rep_w[r_i] += weights[k]
-                break
-        else:
-            rep.append(k)
-            rep_w.append(float(weights[k]))
+        if rep:
+            d = np.abs(flat[rep] - flat[k]).max(axis=1)
+            j = int(d.argmin())
+            if d[j] <= tol:
+                rep_w[j] += float(weights[k])
+                continue
+        rep.append(k)
+        rep_w.append(float(weights[k]))
     reps = flat[rep]
     rep_w = np.array(rep_w)
-    for perm in itertools.permutations(range(S)):
+    generators = [np.array([1, 0] + list(range(2, S))), np.roll(np.arange(S), -1)]
+    for perm in generators:
         moved = np.stack([relabel(atoms[r], perm).reshape(-1) for r in rep])
-        dist = np.abs(moved[:, None, :] - reps[None, :, :]).max(axis=2)
-        match = dist <= tol
-        if not np.all(match.any(axis=1)):
-            return False
-        j = match.argmax(axis=1)
-        if np.abs(rep_w[j] - rep_w).max() > 1e-12:
-            return False
+        for lo in range(0, len(rep), 64):  # rows in blocks: memory O(64 · K · S²)
+            dist = np.abs(moved[lo : lo + 64, None, :] - reps[None, :, :]).max(axis=2)
+            match = dist <= tol
+            if not np.all(match.any(axis=1)):
+                return False
+            j = match.argmax(axis=1)
+            if np.abs(rep_w[j] - rep_w[lo : lo + 64]).max() > 1e-12:
+                return False
     return True
 
 
