@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as bench_exact.py: threaded BLAS hurts the numba timings
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as benchmarks/run.py: threaded BLAS hurts the numba timings
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import argparse  # noqa: E402

@@ -28,6 +28,8 @@ from .exact import (
     exact_loss,
     exact_loss_and_grad,
     optimal_loss,
+    sampled_loss_and_grad,
+    symmetry_applies,
 )
 from .information import (
     Assumptions,
@@ -89,6 +91,8 @@ __all__ = [
     "bayes_loss",
     "count_estimator_loss",
     "construction_loss",
+    "sampled_loss_and_grad",
+    "symmetry_applies",
     "idealized_gradient",
     "idealized_gradient_single",
     "idealized_grad_A1",
