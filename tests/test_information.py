@@ -283,8 +283,11 @@ def test_chi2_contraction_is_the_supremum_of_the_chi2_ratio(pi, seed):
     nu = rng.dirichlet(np.ones(len(mu)))
     if np.abs(nu - mu).max() > 1e-6:
         assert ratio(nu) <= eta + 1e-10
-    u = np.linalg.svd(K)[0][:, 0]  # top left singular vector, orthogonal to √μ
-    direction = np.sqrt(mu) * u
+    u = np.linalg.svd(K)[0][:, 0]  # top left singular vector, orthogonal to √μ ...
+    r = np.sqrt(mu)
+    u = u - (u @ r) * r  # ... exactly so, also when K = 0 (rank-1 π: any u is "top", SVD may pick r)
+    u /= np.linalg.norm(u)
+    direction = r * u  # Σ direction = 0: ν stays a distribution
     t = 0.5 * mu.min() / np.abs(direction).max()  # keeps ν a distribution
     assert abs(ratio(mu + t * direction) - eta) <= 1e-9 * max(1.0, eta)
 
