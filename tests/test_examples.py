@@ -20,3 +20,14 @@ def test_example_runs(script, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     pngs = list((tmp_path / "out").glob("*.png"))
     assert pngs, f"{script} wrote no figure"
+
+
+def test_readme_python_example_runs(capsys):
+    """The README's "Ten lines of Python" stay true."""
+    import re
+
+    text = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"## Ten lines of Python\n\n```python\n(.*?)```", text, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "passed=True" in out and "Task S=3 T=8" in out
