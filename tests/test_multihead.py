@@ -309,7 +309,8 @@ def test_reference_loss_ordering(data):
     l_star, l_bayes = pg.optimal_loss_multi(task), pg.bayes_loss_multi(task)
     assert l_star <= l_bayes * (1 + 1e-12) + 1e-12 and l_bayes <= loss
     single = pg.MultiParentTask(task.graph, TensorPrior(task.prior.atoms[:1]))
-    assert rel_err(pg.bayes_loss_multi(single), pg.optimal_loss_multi(single)) <= 1e-10
+    # a single atom's Bayes loss is L*: equal up to the rounding of a sum of O(1) terms (the value may be ~1e-7)
+    assert abs(pg.bayes_loss_multi(single) - pg.optimal_loss_multi(single)) <= 1e-10 * max(pg.optimal_loss_multi(single), 1e-3)
 
 
 def test_optimal_loss_by_enumeration():
