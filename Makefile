@@ -10,7 +10,6 @@ STAMP  := $(VENV)/.popgrad-installed
 
 $(STAMP): setup.cfg setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
