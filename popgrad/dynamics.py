@@ -312,6 +312,19 @@ def load_checkpoint(path, task, cfg) -> _State:
     return state
 
 
+def start_state(task, cfg, checkpoint_path, checkpoint_every, resume) -> "_State":
+    """Validate the checkpoint arguments; a fresh :class:`_State`, or the one saved at ``checkpoint_path``."""
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) or checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be an integer >= 0, got {checkpoint_every!r}")
+    if not resume:
+        return _State(task, cfg)
+    if checkpoint_path is None:
+        raise ValueError("resume=True needs checkpoint_path")
+    if not os.path.exists(checkpoint_path):
+        raise ValueError(f"no checkpoint at {checkpoint_path} to resume from: run without --resume first")
+    return load_checkpoint(checkpoint_path, task, cfg)
+
+
 def train_two_stage(
     task: Task,
     *,
@@ -372,20 +385,10 @@ def train_two_stage(
         beta0=beta0, lr1=lr1, steps1=steps1, lr2=lr2, steps2=steps2, gradient=gradient,
         schedule=schedule, record_every=record_every, eps=eps, divergence_patience=divergence_patience,
     ).validate()
-    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) or checkpoint_every < 0:
-        raise ValueError(f"checkpoint_every must be an integer >= 0, got {checkpoint_every!r}")
     enumerable = task.n_sequences <= task.max_sequences
     if not enumerable and (cfg.gradient == "exact" or cfg.steps2 > 0 or cfg.schedule == "joint"):
         task.check_size()  # raises the size-guard error with its ways out
-    if resume and checkpoint_path is None:
-        raise ValueError("resume=True needs checkpoint_path")
-
-    if resume:
-        if not os.path.exists(checkpoint_path):
-            raise ValueError(f"no checkpoint at {checkpoint_path} to resume from: run without --resume first")
-        state = load_checkpoint(checkpoint_path, task, cfg)
-    else:
-        state = _State(task, cfg)
+    state = start_state(task, cfg, checkpoint_path, checkpoint_every, resume)
 
     graph = task.graph
 

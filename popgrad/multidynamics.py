@@ -47,11 +47,10 @@ of :func:`popgrad.train_two_stage` (same machinery).
 """
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
-from .dynamics import MultiHeadTrainConfig, StepValues, Trajectory, _State, load_checkpoint, run_schedule
+from .dynamics import MultiHeadTrainConfig, StepValues, Trajectory, run_schedule, start_state
 from .multihead import exact_loss_and_grad_multi, head_attention
 from .multiparent import MultiParentTask
 
@@ -157,17 +156,9 @@ def train_multi_head(
         record_every=record_every, eps=eps, divergence_patience=divergence_patience,
         init_seed=init_seed, init_scale=init_scale,
     ).validate()
-    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) or checkpoint_every < 0:
-        raise ValueError(f"checkpoint_every must be an integer >= 0, got {checkpoint_every!r}")
-    if resume and checkpoint_path is None:
-        raise ValueError("resume=True needs checkpoint_path")
     task.check_size()
-    if resume:
-        if not os.path.exists(checkpoint_path):
-            raise ValueError(f"no checkpoint at {checkpoint_path} to resume from: run without --resume first")
-        state = load_checkpoint(checkpoint_path, task, cfg)
-    else:
-        state = _State(task, cfg)
+    state = start_state(task, cfg, checkpoint_path, checkpoint_every, resume)
+    if not resume:
         state.A1, state.A2 = initial_parameters(task, cfg.beta0, cfg.init_seed, cfg.init_scale)
         if A1_init is not None:
             A1_init = np.array(A1_init, dtype=np.float64)

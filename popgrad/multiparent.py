@@ -79,7 +79,7 @@ import numpy as np
 
 from . import _kernels_multi
 from .graphs import CausalGraph
-from .priors import FinitePrior
+from .priors import MAX_CLOSURE_ATOMS, ROW_SUM_TOL, FinitePrior, validated_weights
 from .task import DEFAULT_MAX_SEQUENCES, ExactTask, Sample
 
 __all__ = [
@@ -96,10 +96,6 @@ __all__ = [
     "parent_rows",
 ]
 
-#: Tolerance on row sums of transition tensors (as :mod:`popgrad.priors`).
-ROW_SUM_TOL = 1e-12
-#: Largest number of atoms a relabeling closure may create.
-MAX_CLOSURE_ATOMS = 200_000
 
 
 # =================================================================== graphs
@@ -558,16 +554,7 @@ class TensorPrior:
                 f"row π(· | {_tuple_str(r, S, kk)}) of atoms[{m}] sums to {float(rows[m, r])!r}, not 1 (tolerance "
                 f"{ROW_SUM_TOL}): every row must be a probability distribution (divide rows by their sums)"
             )
-        if weights is None:
-            weights = np.full(K, 1.0 / K)
-        else:
-            weights = np.array(weights, dtype=np.float64).reshape(-1)
-            if weights.shape != (K,):
-                raise ValueError(f"weights must have shape ({K},) to match the {K} atoms, got {weights.shape}")
-            if not np.all(np.isfinite(weights)) or np.any(weights < 0):
-                raise ValueError("weights must be finite and non-negative")
-            if abs(weights.sum() - 1.0) > ROW_SUM_TOL:
-                raise ValueError(f"weights sum to {float(weights.sum())!r}, not 1 (tolerance {ROW_SUM_TOL}): normalise them")
+        weights = validated_weights(weights, K)
         a.setflags(write=False)
         weights.setflags(write=False)
         self._atoms = a

@@ -124,6 +124,24 @@ def relabel_closure(atoms, weights=None):
 
 
 # ---------------------------------------------------------------- the prior
+def validated_weights(weights, K: int) -> np.ndarray:
+    """Prior weights as a float64 ``(K,)`` array: uniform when ``None``, else checked.
+
+    Raises ``ValueError`` unless the weights have shape ``(K,)``, are finite
+    and non-negative and sum to one within :data:`ROW_SUM_TOL`.
+    """
+    if weights is None:
+        return np.full(K, 1.0 / K)
+    weights = np.array(weights, dtype=np.float64).reshape(-1)
+    if weights.shape != (K,):
+        raise ValueError(f"weights must have shape ({K},) to match the {K} atoms, got {weights.shape}")
+    if not np.all(np.isfinite(weights)) or np.any(weights < 0):
+        raise ValueError("weights must be finite and non-negative")
+    if abs(weights.sum() - 1.0) > ROW_SUM_TOL:
+        raise ValueError(f"weights sum to {float(weights.sum())!r}, not 1 (tolerance {ROW_SUM_TOL}): normalise them")
+    return weights
+
+
 class PriorDiagnostics(NamedTuple):
     """The paper's assumptions on a prior ("Knowl 10"), measured.
 
@@ -208,18 +226,7 @@ class FinitePrior:
                 f"row {a} of atoms[{k}] sums to {float(rows[k, a])!r}, not 1 (tolerance {ROW_SUM_TOL}): "
                 "each row pi[a, :] = pi(. | a) must be a probability distribution (divide rows by their sums)"
             )
-        if weights is None:
-            weights = np.full(K, 1.0 / K)
-        else:
-            weights = np.array(weights, dtype=np.float64).reshape(-1)
-            if weights.shape != (K,):
-                raise ValueError(f"weights must have shape ({K},) to match the {K} atoms, got {weights.shape}")
-            if not np.all(np.isfinite(weights)) or np.any(weights < 0):
-                raise ValueError("weights must be finite and non-negative")
-            if abs(weights.sum() - 1.0) > ROW_SUM_TOL:
-                raise ValueError(
-                    f"weights sum to {float(weights.sum())!r}, not 1 (tolerance {ROW_SUM_TOL}): normalise them"
-                )
+        weights = validated_weights(weights, K)
         atoms.setflags(write=False)
         weights.setflags(write=False)
         self._atoms = atoms
