@@ -1,10 +1,10 @@
 """Benchmark of the exact k-head loss and gradient (not a test).
 
-Times ``popgrad.exact_loss_and_grad_multi`` after JIT warm-up (median of
+Times ``popgrad.exact_loss_and_grad`` after JIT warm-up (median of
 ``--repeats`` runs, best run beside it) and prints sequences per second next
 to, in the same run:
 
-* ``loss``: the forward pass only (``popgrad.exact_loss_multi``);
+* ``loss``: the forward pass only (``popgrad.exact_loss``);
 * ``numpy``: the plain-NumPy reference ``exact_loss_and_grad_multi_numpy``
   (timed on the first ``--subset`` sequences of large tasks and extrapolated
   linearly, marked ``*``);
@@ -37,7 +37,8 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 import popgrad as pg  # noqa: E402
-from popgrad import multihead as mh  # noqa: E402
+from popgrad.engine import reference  # noqa: E402
+from popgrad.model.multihead import head_attention  # noqa: E402
 
 #: (label, S, T, graph builder)
 CASES = [
@@ -83,14 +84,14 @@ def bench_case(label, S, T, build, repeats, subset):
     A1, A2 = rng.normal(size=(k, T, T)), rng.normal(size=(k, S, S))
     eps = task.default_eps
 
-    pg.exact_loss_and_grad_multi(task, A1, A2)  # JIT warm-up
-    pg.exact_loss_multi(task, A1, A2)
-    t_grad, t_best = median_time(lambda: pg.exact_loss_and_grad_multi(task, A1, A2), repeats, best=True)
-    t_loss = median_time(lambda: pg.exact_loss_multi(task, A1, A2), repeats)
+    pg.exact_loss_and_grad(task, A1, A2)  # JIT warm-up
+    pg.exact_loss(task, A1, A2)
+    t_grad, t_best = median_time(lambda: pg.exact_loss_and_grad(task, A1, A2), repeats, best=True)
+    t_loss = median_time(lambda: pg.exact_loss(task, A1, A2), repeats)
     m = min(n, subset)
-    P = mh.head_attention(A1)
-    mh._numpy_sums(task, P, A2, eps, 0, min(m, 1024))  # warm-up
-    t_numpy = median_time(lambda: mh._numpy_sums(task, P, A2, eps, 0, m), 3 if m >= 2**14 else repeats) * n / m
+    P = head_attention(A1)
+    reference._multi_sums(task, P, A2, eps, 0, min(m, 1024), pg.DEFAULT_OPTIONS.numpy_chunk)  # warm-up
+    t_numpy = median_time(lambda: reference._multi_sums(task, P, A2, eps, 0, m, pg.DEFAULT_OPTIONS.numpy_chunk), 3 if m >= 2**14 else repeats) * n / m
     t_single = float("nan")
     if single is not None:
         pg.exact_loss_and_grad(single, A1[0], A2[0])

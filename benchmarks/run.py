@@ -23,7 +23,7 @@ seconds (fewer cases and repeats).
    fused per-sequence kernel (``direct``), and BLAS per chunk (numba weights,
    then ``V Pᵀ``, ``Δᵀ V``, ``Δ P`` by NumPy/BLAS).
 3. **Exact vs sampled**: relative error of a Monte-Carlo gradient
-   (``popgrad.exact.sampled_loss_and_grad``: ``task.sample(n, seed)``, soft
+   (``popgrad.sampled_loss_and_grad``: ``task.sample(n, seed)``, soft
    labels) at ``n = 2^10 … 2^20`` against the exact gradient, and the time
    of each (sampling + gradient) next to the time of the exact one.
 4. **JIT**: first-call times in fresh processes with an empty numba cache
@@ -57,8 +57,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import blas_threads  # noqa: E402
 
 import popgrad as pg  # noqa: E402
-from popgrad import _io, _kernels, exact  # noqa: E402
-from popgrad.model import first_layer_attention, softmax  # noqa: E402
+from popgrad import _io  # noqa: E402
+from popgrad.engine import reference, single, symmetry  # noqa: E402
+from popgrad.engine.options import DEFAULT_OPTIONS, EngineOptions  # noqa: E402
+from popgrad.model.reduced import first_layer_attention, softmax  # noqa: E402
+from popgrad.task import _weights  # noqa: E402
 
 CASES = [(2, 12), (2, 16), (2, 20), (3, 8), (3, 10), (3, 12), (3, 13), (4, 8), (4, 10)]
 QUICK_CASES = [(2, 16), (3, 10), (3, 12), (4, 10)]
@@ -227,7 +230,7 @@ def blas_chunks(task, P, A2, eps, stop, chunk=2**16):
     for start in range(0, stop, chunk):
         n = min(chunk, stop - start)
         seqs, w = np.empty((n, T), dtype=np.int64), np.empty((n, S))
-        _kernels.chunk_weights(start, parents, mu, atoms, prior_w, seqs, w)
+        _weights.chunk_weights(start, parents, mu, atoms, prior_w, seqs, w)
         q = seqs[:, -1]
         V = A2[q[:, None], seqs]
         a = softmax(V @ P.T, axis=1)
@@ -265,7 +268,7 @@ def flops_per_sequence(task, sym=False, cached_weights=True):
     the levels above. Divided by the ``S**(h+1)`` sequences of a full batch
     node. Integer and load/store operations are not counted.
     """
-    plan = exact._prefix_plan(task, sym)
+    plan = single._prefix_plan(task, sym, DEFAULT_OPTIONS)
     S, T, K = task.S, task.T, task.prior.K
     h = plan.dig.shape[0]
     h1, NG = h + 1, plan.n_groups
@@ -288,22 +291,19 @@ def bench_throughput(cases, repeats, subset, use_jax, log):
         A1, A2, A2s = make_params(task)
         eps = task.default_eps
         n = task.n_sequences
-        row = {"S": S, "T": T, "K": task.prior.K, "sequences": n, "canonical": exact.canonical_count(S, T)}
+        row = {"S": S, "T": T, "K": task.prior.K, "sequences": n, "canonical": symmetry.canonical_count(S, T)}
         # popgrad, full enumeration
         f_full = lambda: pg.exact_loss_and_grad(task, A1, A2, symmetry="off")  # noqa: E731
         ref = f_full()
         f_full()  # second warm-up: the first call fills the weight cache
         row["t_full"], row["t_full_best"] = timed(f_full, repeats)
         row["t_loss_only"] = timed(lambda: pg.exact_loss(task, A1, A2, symmetry="off"), repeats)[0]
-        saved = exact.WEIGHT_CACHE_BYTES
-        exact.WEIGHT_CACHE_BYTES = 0
-        try:
-            f_full()
-            row["t_full_nocache"] = timed(f_full, max(3, repeats // 2))[0]
-        finally:
-            exact.WEIGHT_CACHE_BYTES = saved
+        no_cache = EngineOptions(weight_cache_bytes=0)
+        f_nocache = lambda: pg.exact_loss_and_grad(task, A1, A2, symmetry="off", options=no_cache)  # noqa: E731
+        f_nocache()
+        row["t_full_nocache"] = timed(f_nocache, max(3, repeats // 2))[0]
         # popgrad, orbit reduction
-        assert exact.symmetry_applies(task, A2s)
+        assert symmetry.symmetry_applies(task, A2s)
         f_sym = lambda: pg.exact_loss_and_grad(task, A1, A2s)  # noqa: E731
         red = f_sym()
         f_sym()
@@ -314,12 +314,12 @@ def bench_throughput(cases, repeats, subset, use_jax, log):
         # NumPy reference (subset + extrapolation on large tasks)
         P = first_layer_attention(A1)
         m = min(n, subset)
-        exact._numpy_sums(task, P, A2, eps, 0, min(m, 2**12))
+        reference._numpy_sums(task, P, A2, eps, 0, min(m, 2**12))
         reps = 3 if m >= 2**15 else repeats
-        row["t_numpy"] = timed(lambda: exact._numpy_sums(task, P, A2, eps, 0, m), reps)[0] * n / m
+        row["t_numpy"] = timed(lambda: reference._numpy_sums(task, P, A2, eps, 0, m), reps)[0] * n / m
         row["numpy_extrapolated"] = m < n
         if m == n:
-            lnp, Gnp, dA2np = exact._numpy_sums(task, P, A2, eps, 0, n)
+            lnp, Gnp, dA2np = reference._numpy_sums(task, P, A2, eps, 0, n)
             row["numpy_rel_diff"] = max(rel_diff(lnp, ref.loss), rel_diff(dA2np, ref.dA2))
         row["t_jax"] = row["jax_rel_diff"] = row["t_jax_compile"] = None
         rows.append(row)
@@ -377,15 +377,15 @@ def bench_engines(cases, repeats, subset, log):
         n = task.n_sequences
         P = first_layer_attention(A1)
         row = {"S": S, "T": T, "sequences": n}
-        exact._exact(task, A1, A2, eps, True, "prefix", symmetry="off")
-        row["prefix"] = timed(lambda: exact._exact(task, A1, A2, eps, True, "prefix", symmetry="off"), repeats)[0]
-        exact._exact(task, A1, A2, eps, True, "direct", symmetry="off")
-        row["direct"] = timed(lambda: exact._exact(task, A1, A2, eps, True, "direct", symmetry="off"),
+        pg.exact_loss_and_grad(task, A1, A2, eps, symmetry="off", engine="prefix")
+        row["prefix"] = timed(lambda: pg.exact_loss_and_grad(task, A1, A2, eps, symmetry="off", engine="prefix"), repeats)[0]
+        pg.exact_loss_and_grad(task, A1, A2, eps, symmetry="off", engine="direct")
+        row["direct"] = timed(lambda: pg.exact_loss_and_grad(task, A1, A2, eps, symmetry="off", engine="direct"),
                               max(3, repeats // 2))[0]
         m = min(n, subset)
         blas_chunks(task, P, A2, eps, min(m, 2**12))
         row["blas"] = timed(lambda: blas_chunks(task, P, A2, eps, m), 3)[0] * n / m
-        row["numpy"] = timed(lambda: exact._numpy_sums(task, P, A2, eps, 0, m), 3)[0] * n / m
+        row["numpy"] = timed(lambda: reference._numpy_sums(task, P, A2, eps, 0, m), 3)[0] * n / m
         row["extrapolated"] = m < n
         rows.append(row)
         log(f"  S={S} T={T}: prefix {ms(row['prefix'])} ms, direct {ms(row['direct'])} ms, blas {ms(row['blas'])} ms")
@@ -398,7 +398,7 @@ def bench_sampled(S, T, sizes, seeds, log):
     ex = pg.exact_loss_and_grad(task, A1, A2, symmetry="off")
     t_exact = timed(lambda: pg.exact_loss_and_grad(task, A1, A2, symmetry="off"), 5)[0]
     gnorm = math.sqrt(float(np.sum(ex.dA1**2) + np.sum(ex.dA2**2)))
-    exact.sampled_loss_and_grad(task, A1, A2, 256, 0)  # JIT warm-up
+    pg.sampled_loss_and_grad(task, A1, A2, 256, 0)  # JIT warm-up
     rows = []
     for n in sizes:
         errs, lerrs, times, t_sample, t_grad = [], [], [], [], []
@@ -406,7 +406,7 @@ def bench_sampled(S, T, sizes, seeds, log):
             t0 = time.perf_counter()
             smp = task.sample(n, 1000 + seed)  # what sampled_loss_and_grad does, timed in two parts
             t1 = time.perf_counter()
-            est = exact._rows_loss_and_grad(smp.seqs, smp.targets / n, A1, A2, task.default_eps)
+            est = single.rows_loss_and_grad(smp.seqs, smp.targets / n, A1, A2, task.default_eps)
             t2 = time.perf_counter()
             times.append(t2 - t0)
             t_sample.append(t1 - t0)
@@ -501,7 +501,7 @@ def markdown(res):
             "after the popgrad and NumPy timings, so that XLA's spinning thread pool cannot slow them). "
             + ("; ".join(sorted(set(notes))) if notes else ""), ""]
     out += ["Without the leaf-weight cache (first call of a task, or tasks whose weights exceed "
-            f"{exact.WEIGHT_CACHE_BYTES / 2**20:.0f} MB), full: "
+            f"{DEFAULT_OPTIONS.weight_cache_bytes / 2**20:.0f} MB), full: "
             + ", ".join(f"S={r['S']} T={r['T']} {ms(r['t_full_nocache'])} ms" for r in res["throughput"]) + ".", ""]
     out += ["## 2. Engines (full enumeration)", "",
             "| S | T | prefix (kept) seq/s | direct seq/s | BLAS per chunk seq/s | NumPy seq/s | prefix/direct | prefix/BLAS |",

@@ -4,7 +4,7 @@ import os
 
 import popgrad as pg
 from popgrad import checks
-from popgrad.plots import plot_attention, plot_loss
+from popgrad.app.plots import plot_attention, plot_loss
 
 #: Algorithm 1 settings shared by the examples (natural units, see popgrad.dynamics).
 TRAIN = dict(beta0=1e-3, lr1=2.0, steps1=300, lr2=2.0, steps2=300)

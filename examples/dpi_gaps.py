@@ -20,8 +20,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import popgrad as pg  # noqa: E402
-from popgrad import dpi  # noqa: E402
-from popgrad.plots import save_figure  # noqa: E402
+from popgrad.theory import dpi  # noqa: E402
+from popgrad.app.plots import save_figure  # noqa: E402
 
 from _common import ensure_out, parser  # noqa: E402
 

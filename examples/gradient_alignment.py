@@ -19,8 +19,8 @@ import numpy as np
 
 import popgrad as pg
 from popgrad._io import atomic_write_text
-from popgrad.exact import exact_loss_and_grad
-from popgrad.information import idealized_grad_A1
+from popgrad import exact_loss_and_grad
+from popgrad import idealized_grad_A1
 
 HEADER = ("| S | T | T_eff | ε | cos | cos (rows < T-1) | cos (first-order query row) "
           "| parent signs agree | exact time (s) |\n|---|---|---|---|---|---|---|---|---|")
@@ -64,7 +64,7 @@ def plot(text, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from popgrad.plots import save_figure
+    from popgrad.app.plots import save_figure
 
     rows = [r.split("|")[1:-1] for r in text.splitlines()[2:]]
     fig, ax = plt.subplots(figsize=(6, 3.6))

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import popgrad as pg
-from popgrad.plots import save_figure
+from popgrad.app.plots import save_figure
 
 from _common import TRAIN, ensure_out, parser
 

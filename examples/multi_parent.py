@@ -36,8 +36,9 @@ import numpy as np
 import popgrad as pg
 from popgrad import checks
 from popgrad._io import atomic_write_text
-from popgrad.multihead import construction_params, head_attention
-from popgrad.plots import plot_head_attention, plot_loss
+from popgrad.model.multihead import head_attention
+from popgrad.theory.baselines import construction_params
+from popgrad.app.plots import plot_head_attention, plot_loss
 
 from _common import ensure_out, parser
 
@@ -66,7 +67,7 @@ def head_table(task, A1) -> str:
 def run(name, tag, task, out, A1_init=None, steps=3000):
     traj = pg.train_multi_head(task, steps1=steps, A1_init=A1_init, **TRAIN)
     spec = checks.check_head_specialization(task, traj.final_A1)
-    loss = pg.exact_loss_multi(task, traj.final_A1, traj.final_A2)
+    loss = pg.exact_loss(task, traj.final_A1, traj.final_A2)
     text = (f"== {name}: final exact loss {loss:.5f} after {int(traj.step[-1])} steps ({traj.status})\n"
             f"{head_table(task, traj.final_A1)}\n"
             f"   head_specialization: {spec.value:.2f} of (head, row) pairs on one slot per head, "
@@ -88,12 +89,12 @@ def main():
     prior = pg.dirichlet_tensor_prior(S, 2, 1.0, 16, seed=0, symmetrize="full")
     task = pg.MultiParentTask(pg.two_parent(T), prior)
     print(task.summary())
-    refs = checks.reference_losses_multi(task)
+    refs = checks.reference_losses(task)
     print("reference losses (same eps): Bayes {L_bayes_eps:.5f}, count estimator (Knowl 9) {L_count:.5f}, "
           "its beta->inf model limit {L_count_model_limit:.5f} (with eps > 0 these compare predictors under the "
           "model's loss; they are not lower bounds)".format(**refs))
     A1c, A2c = construction_params(task.graph, S, 8.0, 3.0)
-    print(f"construction A1^h = 8*adjacency(h), A2^h = 3*I: loss {pg.exact_loss_multi(task, A1c, A2c):.5f}\n")
+    print(f"construction A1^h = 8*adjacency(h), A2^h = 3*I: loss {pg.exact_loss(task, A1c, A2c):.5f}\n")
 
     texts = []
     traj, loss, spec, text = run("two-parent", "two_parent", task, out, steps=args.steps)

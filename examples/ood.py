@@ -14,7 +14,7 @@ import numpy as np
 
 import popgrad as pg
 from popgrad import checks
-from popgrad.plots import save_figure
+from popgrad.app.plots import save_figure
 
 from _common import TRAIN, ensure_out, parser, print_checks
 

@@ -7,7 +7,7 @@ import os
 
 import popgrad as pg
 from popgrad import checks
-from popgrad.plots import plot_attention
+from popgrad.app.plots import plot_attention
 
 from _common import TRAIN, ensure_out, parser, print_checks
 

@@ -1,71 +1,100 @@
 """popgrad: exact population gradients for "How Transformers Learn Causal
 Structure with Gradient Descent" (Nichani, Damian & Lee, ICML 2024).
 
-Data flow, one module per step::
+Data flow, one subpackage per step::
 
-    graphs, priors -> task (exact sequence weights) -> model -> exact
-    (population loss/gradient) -> dynamics -> checks -> report / plots
+    task (graphs, priors, exact sequence weights) -> model (NumPy forward passes)
+      -> engine (exact population loss/gradient)  |  theory (polynomial in T: g, χ², DPI, L*)
+      -> train (Algorithm 1) -> checks (CheckResult) -> app (cli, jobs, report, plots)
 
-See ``DESIGN.md`` for the conventions (0-based positions, query last,
-``pi[a, b] = π(b | a)``) and every formula.
+See ``docs/DESIGN.md`` for the conventions (0-based positions, query last,
+``pi[a, b] = π(b | a)``) and every formula. Old module paths
+(``popgrad.exact``, ``popgrad.multihead``, ...) still import, with a
+``DeprecationWarning``, for one release (:mod:`popgrad._compat`).
 """
-from .graphs import CausalGraph, Tree, chain, icl_pairs, random_tree
-from .priors import (
+__version__ = "0.2.0"
+
+from .task import (
+    DEFAULT_MAX_SEQUENCES,
+    CausalGraph,
     FinitePrior,
+    MultiParentGraph,
+    MultiParentTask,
     PriorDiagnostics,
+    Sample,
+    Task,
+    TaskTooLargeError,
+    TensorPrior,
+    Tree,
+    chain,
     dirichlet_prior,
+    dirichlet_tensor_prior,
+    icl_pairs,
+    ngram,
+    random_multi_parent,
+    random_tree,
     relabel,
     relabel_closure,
     stationary_distribution,
+    two_parent,
 )
-from .task import DEFAULT_MAX_SEQUENCES, Sample, Task, TaskTooLargeError
-from .model import predict
-from .exact import (
+from .model import predict, predict_multi
+from .engine import (
+    DEFAULT_OPTIONS,
+    EngineOptions,
     LossAndGrad,
-    bayes_loss,
-    construction_loss,
-    count_estimator_loss,
+    Stage1Field,
+    clear_caches,
     exact_loss,
     exact_loss_and_grad,
-    optimal_loss,
+    exact_loss_and_grad_multi,
+    exact_loss_multi,
     sampled_loss_and_grad,
+    stage1_field,
     symmetry_applies,
 )
-from .information import (
+from .theory import (
     Assumptions,
     ChainInformation,
+    DpiReport,
     assumptions,
+    bayes_loss,
+    bayes_loss_multi,
+    bound_readings,
     chain_information,
+    construction_loss,
+    construction_loss_multi,
+    count_estimator_loss,
+    count_estimator_loss_multi,
+    dpi_report,
+    dpi_report_pi,
     idealized_grad_A1,
     idealized_gradient,
     idealized_gradient_single,
+    optimal_loss,
+    optimal_loss_multi,
     pairwise_joint,
 )
-from .dpi import DpiReport, bound_readings, dpi_report, dpi_report_pi
-from .dynamics import TrainConfig, Trajectory, train_two_stage
-from .multiparent import (
-    MultiParentGraph,
-    MultiParentTask,
-    TensorPrior,
-    dirichlet_tensor_prior,
-    ngram,
-    random_multi_parent,
-    two_parent,
-)
-from .multihead import (
-    MultiLossAndGrad,
-    bayes_loss_multi,
-    construction_loss_multi,
-    count_estimator_loss_multi,
-    exact_loss_and_grad_multi,
-    exact_loss_multi,
-    optimal_loss_multi,
-    predict_multi,
-)
-from .multidynamics import MultiHeadTrainConfig, train_multi_head
+from .train import MultiHeadTrainConfig, TrainConfig, Trajectory, train_multi_head, train_two_stage
 from . import checks
+from . import _compat
 
-__version__ = "0.1.0"
+#: Deprecated alias of :class:`LossAndGrad` (one result type serves every task kind).
+MultiLossAndGrad = LossAndGrad
+
+
+def sweep(spec, client=None, out="sweep_out", **kwargs):
+    """Run the main job on every cell of a sweep spec with Dask; return the results as a pandas DataFrame.
+
+    See :func:`popgrad.app.sweep.sweep` (imported on first call, so that ``import popgrad`` does not
+    import Dask): ``spec`` is a TOML path or a dict with ``fixed`` / ``axes`` / ``cells``; ``client`` a
+    ``dask.distributed.Client`` (default: a LocalCluster with one single-threaded worker per core).
+    """
+    from .app.sweep import sweep as _sweep
+
+    return _sweep(spec, client=client, out=out, **kwargs)
+
+_compat.install()
 
 __all__ = [
     "CausalGraph",
@@ -85,6 +114,8 @@ __all__ = [
     "DEFAULT_MAX_SEQUENCES",
     "predict",
     "LossAndGrad",
+    "EngineOptions",
+    "DEFAULT_OPTIONS",
     "exact_loss_and_grad",
     "exact_loss",
     "optimal_loss",
@@ -93,6 +124,9 @@ __all__ = [
     "construction_loss",
     "sampled_loss_and_grad",
     "symmetry_applies",
+    "clear_caches",
+    "Stage1Field",
+    "stage1_field",
     "idealized_gradient",
     "idealized_gradient_single",
     "idealized_grad_A1",
@@ -126,4 +160,5 @@ __all__ = [
     "MultiHeadTrainConfig",
     "train_multi_head",
     "checks",
+    "sweep",
 ]

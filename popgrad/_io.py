@@ -5,6 +5,8 @@ import os
 import tempfile
 from contextlib import contextmanager
 
+import numpy as np
+
 __all__ = ["atomic_path", "atomic_write_text", "atomic_savez"]
 
 
@@ -44,8 +46,6 @@ def atomic_write_text(path, text: str) -> None:
 
 def atomic_savez(path, **arrays) -> None:
     """``np.savez`` to ``path`` atomically."""
-    import numpy as np
-
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:
             np.savez(fh, **arrays)

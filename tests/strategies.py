@@ -6,7 +6,11 @@
 * :func:`priors` -- finite priors (random atoms and weights, optionally
   closed under relabeling);
 * :func:`tasks` -- a graph and a prior with ``S**T`` small enough to
-  enumerate quickly.
+  enumerate quickly;
+* :func:`multi_graphs` / :func:`tensor_priors` / :func:`multi_tasks` -- the same for
+  k-parent graphs (:class:`popgrad.MultiParentTask`);
+* :func:`run_engine` -- one named engine through the public API (what the old
+  private ``popgrad.exact._exact`` did).
 """
 import numpy as np
 from hypothesis import strategies as st
@@ -66,3 +70,49 @@ def tasks(draw, min_S=2, max_S=4, min_T=2, max_T=8, max_sequences=20_000, symmet
     graph = draw(graphs(min_T, T_cap))
     prior = draw(priors(S=S, symmetrize=symmetrize))
     return pg.Task(graph, prior)
+
+
+@st.composite
+def multi_graphs(draw, min_T=2, max_T=7, max_k=3):
+    k = draw(st.integers(1, max_k))
+    T = draw(st.integers(max(min_T, k, 2), max(max_T, k, 2)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    root_prob = draw(st.sampled_from([0.0, 0.3]))
+    parents = np.full((T, k), -1, dtype=np.int64)
+    for i in range(k, T):
+        if rng.random() >= root_prob:
+            parents[i] = np.sort(rng.choice(i, size=k, replace=False))
+    target = np.sort(rng.choice(T, size=k, replace=False))
+    return pg.MultiParentGraph(parents, target)
+
+
+@st.composite
+def tensor_priors(draw, S, k, max_atoms=3):
+    K = draw(st.integers(1, max_atoms))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    alpha = draw(st.sampled_from([0.1, 1.0, 5.0]))
+    atoms = rng.dirichlet(np.full(S, alpha), size=(K, S**k))
+    atoms /= atoms.sum(axis=2, keepdims=True)
+    raw = rng.uniform(0.1, 1.0, size=K)
+    return pg.TensorPrior(atoms, raw / raw.sum(), k=k)
+
+
+@st.composite
+def multi_tasks(draw, max_S=3, max_T=7, max_k=3, max_sequences=3_000):
+    S = draw(st.integers(2, max_S))
+    T_cap = max_T
+    while S**T_cap > max_sequences and T_cap > 2:
+        T_cap -= 1
+    graph = draw(multi_graphs(2, T_cap, max_k))
+    return pg.MultiParentTask(graph, draw(tensor_priors(S, graph.k)))
+
+
+def run_engine(task, A1, A2, eps, want_grad, engine, symmetry="auto", options=None):
+    """One engine through the public API: ``exact_loss_and_grad`` or, without the gradient, ``exact_loss``.
+
+    ``engine`` is ``"auto"``, ``"prefix"`` or ``"direct"`` (ignored for k-parent tasks, which have one engine).
+    """
+    if want_grad:
+        return pg.exact_loss_and_grad(task, A1, A2, eps, symmetry=symmetry, engine=engine, options=options)
+    return pg.LossAndGrad(pg.exact_loss(task, A1, A2, eps, symmetry=symmetry, engine=engine, options=options),
+                          None, None)

@@ -1,0 +1,153 @@
+"""Argument validation shared by every public function (one place).
+
+Conventions, as NumPy and scikit-learn use them: a value of the wrong *type*
+raises :class:`ArgumentTypeError` (a ``TypeError``), a value of the right type
+but out of range raises ``ValueError``; both messages name the argument, what
+it must be, and what was given. :class:`ArgumentTypeError` is also a
+``ValueError`` so that code written against popgrad 0.1 (which raised
+``ValueError`` for both) keeps working.
+
+Validators convert once at the boundary; kernels then trust their input.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+
+import numpy as np
+
+__all__ = [
+    "ArgumentTypeError",
+    "as_int",
+    "as_real",
+    "as_eps",
+    "as_square",
+    "as_heads",
+    "as_seqs",
+    "is_int",
+    "warn_inf",
+]
+
+
+class ArgumentTypeError(TypeError, ValueError):
+    """An argument of the wrong type (a ``TypeError``; also a ``ValueError`` for popgrad 0.1 callers)."""
+
+
+def is_int(x) -> bool:
+    """True for a Python or NumPy integer that is not a bool."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def as_int(x, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``int(x)`` after checking that ``x`` is an integer (not a bool) within ``[minimum, maximum]``."""
+    parts = [f"{op} {b}" for op, b in ((">=", minimum), ("<=", maximum)) if b is not None]
+    want = f"{name} must be an integer" + (" " + " and ".join(parts) if parts else "")
+    if not is_int(x):
+        raise ArgumentTypeError(f"{want}, got {x!r}")
+    v = int(x)
+    if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+        raise ValueError(f"{want}, got {v}")
+    return v
+
+
+def as_real(x, name: str, minimum: float | None = None, strict: bool = False, hint: str = "") -> float:
+    """``float(x)`` after checking that ``x`` is a finite real number (not a bool, not a string),
+    ``> minimum`` (``strict``) or ``>= minimum``. ``hint`` is appended to the message."""
+    if minimum == 0 and strict:
+        want = f"{name} must be a positive finite number{hint}"
+    else:
+        want = f"{name} must be a finite number" + ("" if minimum is None else f" {'>' if strict else '>='} {minimum:g}") + hint
+    msg = f"{want}, got {x!r}"
+    if isinstance(x, (bool, np.bool_, str, bytes)):
+        raise ArgumentTypeError(msg)
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise ArgumentTypeError(msg) from None
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    if minimum is not None and (v <= minimum if strict else v < minimum):
+        raise ValueError(f"{want}, got {v!r}")
+    return v
+
+
+def as_eps(task, eps) -> float:
+    """The loss perturbation: ``task.default_eps`` (``T_eff**-0.5``) for ``None``, else a finite number ``>= 0``."""
+    if eps is None:
+        return float(task.default_eps)
+    msg = f"eps must be a finite number >= 0 (or None for T_eff**-0.5), got {eps!r}"
+    if isinstance(eps, (bool, np.bool_)):
+        raise ArgumentTypeError(msg)
+    try:
+        v = float(eps)
+    except (TypeError, ValueError):
+        raise ArgumentTypeError(msg) from None
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"eps must be a finite number >= 0 (or None for T_eff**-0.5), got {v}")
+    return v
+
+
+def as_square(M, name: str) -> np.ndarray:
+    """A finite float64 square matrix, or an error naming the first bad entry."""
+    try:
+        M = np.asarray(M, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ArgumentTypeError(f"{name} must be a real square matrix") from None
+    if M.ndim != 2 or M.shape[0] != M.shape[1]:
+        raise ValueError(f"{name} must be a square matrix, got shape {M.shape}")
+    if not np.all(np.isfinite(M)):
+        i, j = (int(x) for x in np.argwhere(~np.isfinite(M))[0])
+        raise ValueError(f"{name}[{i}, {j}] = {M[i, j]} is not finite: {name} must be finite (replace inf/NaN)")
+    return M
+
+
+def as_heads(M, name: str) -> np.ndarray:
+    """A finite float64 array of shape ``(k, n, n)``: one square matrix per head."""
+    try:
+        M = np.asarray(M, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ArgumentTypeError(f"{name} must be a real array of shape (k, n, n), one square matrix per head") from None
+    if M.ndim != 3 or M.shape[1] != M.shape[2]:
+        raise ValueError(f"{name} must have shape (k, n, n), one square matrix per head, got shape {M.shape}")
+    if not np.all(np.isfinite(M)):
+        h, i, j = (int(x) for x in np.argwhere(~np.isfinite(M))[0])
+        raise ValueError(f"{name}[{h}, {i}, {j}] = {M[h, i, j]} is not finite: {name} must be finite (replace inf/NaN)")
+    return M
+
+
+def as_seqs(seqs, T, S=None) -> np.ndarray:
+    """Integer token sequences of shape ``(n, T)`` (a single ``(T,)`` sequence is promoted), tokens in ``0..S-1``."""
+    seqs = np.asarray(seqs)
+    if seqs.ndim == 1:
+        seqs = seqs[None, :]
+    if seqs.ndim != 2 or seqs.shape[1] != T:
+        raise ValueError(f"seqs must have shape (n, T) with T = {T} (the size of A1), got shape {seqs.shape}")
+    if seqs.dtype.kind not in "iu":
+        if seqs.dtype.kind == "f" and np.all(np.isfinite(seqs)) and np.all(seqs == np.round(seqs)):
+            seqs = seqs.astype(np.int64)
+        else:
+            raise ArgumentTypeError(f"seqs must hold integer tokens, got dtype {seqs.dtype}")
+    seqs = seqs.astype(np.int64, copy=False)
+    if seqs.size and seqs.min() < 0:
+        raise ValueError(f"seqs has a negative token {int(seqs.min())}: tokens must be in 0..S-1")
+    if S is not None and seqs.size and seqs.max() >= S:
+        raise ValueError(
+            f"seqs has token {int(seqs.max())} but A2 is {S}×{S}: tokens must be in 0..{S - 1}"
+        )
+    return seqs
+
+
+def warn_inf(where: str) -> None:
+    """RuntimeWarning for an infinite loss, attributed to the first caller outside popgrad."""
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(pkg):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(
+        f"{where}: the loss is infinite: with eps = 0 some token has zero predicted mass but positive "
+        "weight (use eps > 0, e.g. eps=None for T_eff**-0.5); gradients are undefined (NaN)",
+        RuntimeWarning,
+        stacklevel=level,
+    )

@@ -1,0 +1,7 @@
+"""Step 6 of the data flow: the application -- the ``popgrad`` command, its jobs, reports and figures.
+
+* :mod:`.cli` -- argument parsing and ``main`` (no job logic);
+* :mod:`.jobs` -- ``popgrad run`` for every task kind (one code path);
+* :mod:`.report` -- ``report.json`` / ``report.md``;
+* :mod:`.plots` -- the figures.
+"""

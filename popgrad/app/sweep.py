@@ -1,0 +1,506 @@
+"""Sweeps: the main job (:func:`popgrad.app.jobs.run`) on every cell of a grid, in Dask tasks.
+
+``popgrad sweep CONFIG.toml --out DIR [--scheduler ADDRESS] [--workers N] [--figures]``
+and :func:`sweep` (``popgrad.sweep(spec, client=None, out=...)``, returns a
+pandas DataFrame).
+
+The spec (a TOML file or the same structure as a dict) has three optional
+sections; every key is a key of ``popgrad run``'s config file
+(:data:`popgrad.app.jobs.DEFAULTS`, types of ``popgrad.app.cli._types()``)::
+
+    [fixed]            # values shared by every cell
+    S = 2
+    steps1 = 30
+    [axes]             # the grid is the Cartesian product of these lists
+    graph = ["chain", "icl"]
+    T = [6, 8]
+    seed = [0, 1]
+    [[cells]]          # optional extra cells, each a table of values
+    graph = "random"   # (a cell's values override [fixed])
+    T = 7
+
+Cell order: the product of the axes in the order they are written, the last
+axis fastest, then the explicit cells. Without ``[axes]`` and ``[[cells]]``
+the sweep is the single cell ``[fixed]``. Each cell's config is resolved
+like ``popgrad run --config``: :data:`popgrad.app.jobs.DEFAULTS`, the k-head
+defaults for ``graph = "ngram" | "two-parent"`` (unless set), then the
+cell's values.
+
+Validation, before anything is submitted or written: unknown sections or
+keys, ``out`` / ``resume`` (the sweep owns its outputs), wrong types, empty or
+duplicate axis values, a key both in ``[fixed]`` and ``[axes]``, two cells with
+the same resolved config, and every cell's task and training settings built
+through the checks of ``popgrad run`` (ranges of S and T, S**T limit, graph
+strings, rates, steps, ...). Each problem is one :class:`popgrad.app.jobs.CLIError`
+line; the CLI exits with status 2.
+
+Outputs in ``DIR``:
+
+* ``cells/<cell-id>/``: the cell's ``report.json``, ``report.md``,
+  ``trajectory.npz`` (and ``checkpoint.npz``; figures only with ``--figures``),
+  ``log.txt``; ``error.txt`` (traceback) if the cell failed. Every file is
+  written atomically (:mod:`popgrad._io`).
+* ``results.csv``: one row per finished cell, in the spec's cell order:
+  ``cell`` (index), ``cell_id``, every config key, ``status`` (``ok`` /
+  ``failed``), ``error`` (one line), ``resumed``, the run's status, every
+  check's ``<name>_value`` / ``<name>_passed`` / ``<name>_applicable``,
+  ``all_passed``, the reference losses (``L_star``, ``L_bayes``, ...),
+  ``final_loss``, ``time_*_s`` timings (``time_cell_s``: wall time of the Dask
+  task; empty for resumed cells), the library versions of the run
+  (``version_popgrad``, ``version_numpy``, ...). Rewritten atomically (temp
+  file, fsync, ``os.replace``) each time a cell finishes. :func:`sweep` returns
+  the same table.
+
+Cell id: the first 12 hex digits of the SHA-256 of the cell's resolved config
+as canonical JSON (sorted keys, no ``out``). The popgrad version is *not*
+part of it, so a rerun after an upgrade finds the cells already done; the
+version that ran each cell is in its ``report.json`` and row. (A new key in
+``DEFAULTS`` changes every id.)
+
+Resume: rerunning the same command skips every cell whose ``report.json``
+exists, parses as JSON, has the report's keys and the cell's config; failed
+or missing cells run again (``resumed`` tells which rows were not rerun).
+
+Failures: a cell that raises is recorded (``status = failed``, one-line
+``error``) and does not stop the others. A worker that dies is handled by Dask:
+its cells are rescheduled on the surviving or restarted workers (up to
+``distributed.scheduler.allowed-failures`` times), and ``retries=2`` covers
+a task that errs for another reason; a cell lost for good is recorded as
+failed. Every cell appears exactly once in ``results.csv``. CLI exit status:
+0 when every cell is ok, 1 when at least one failed (stderr says
+``K of N cells failed``), 2 for a bad spec or options, 130 on Ctrl-C
+(finished cells are kept; rerun to resume).
+
+Cluster: ``--scheduler tcp://host:8786`` (``client=`` in Python) uses an
+existing cluster; ``DIR`` must then be at the same path on every worker (a
+shared file system) for ``cells/`` and resume, though ``results.csv`` is
+written by this process from the rows the tasks return. Without it a
+``LocalCluster(n_workers=N or os.cpu_count(), threads_per_worker=1,
+processes=True)`` is started and closed, with ``NUMBA_NUM_THREADS=1`` in the
+workers' environment so that N workers do not oversubscribe N cores (and a
+cell's numbers do not depend on the thread count). Start remote workers the
+same way: ``NUMBA_NUM_THREADS=1 dask worker tcp://host:8786 --nthreads 1``.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+
+from .._io import atomic_path, atomic_write_text
+from ..train.algorithm1 import GRADIENTS, MultiHeadTrainConfig, TrainConfig
+from . import jobs
+from .cli import _types
+from .jobs import DEFAULTS, MULTI_PARENT_DEFAULTS, MULTI_PARENT_GRAPHS, CLIError, build_task, check_schedule
+from .report import versions
+
+__all__ = ["sweep", "load_spec", "expand", "cell_id", "run_cell", "summary_row", "main_sweep"]
+
+SECTIONS = ("fixed", "axes", "cells")
+NOT_IN_SWEEP = ("out", "resume")
+CONFIG_KEYS = tuple(k for k in DEFAULTS if k != "out")
+REPORT_KEYS = ("config", "versions", "task", "references", "trajectory", "checks", "all_passed")
+FIRST_COLUMNS = ("cell", "cell_id", *CONFIG_KEYS, "status", "error", "resumed")
+
+
+# -------------------------------------------------------------------- spec
+def load_spec(path) -> dict:
+    """Read a sweep spec from a TOML file (sections ``[fixed]``, ``[axes]``, ``[[cells]]``)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python < 3.11
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise CLIError(f"cannot read sweep spec {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise CLIError(f"sweep spec {path} is not valid TOML: {exc}") from None
+
+
+def _value(key, value, where: str):
+    """``value`` of config key ``key`` with the type checks of ``popgrad run --config``."""
+    types_ = _types()
+    if key in NOT_IN_SWEEP:
+        raise CLIError(f"{where}: key {key!r} is not allowed in a sweep (outputs go to --out DIR; a rerun resumes)")
+    if key not in types_:
+        known = ", ".join(k for k in sorted(types_) if k not in NOT_IN_SWEEP)
+        raise CLIError(f"{where}: unknown key {key!r} (known: {known})")
+    want = types_[key]
+    ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise CLIError(f"{where}: {key} must be {want.__name__}, got {value!r}")
+    return value
+
+
+def cell_id(cfg: dict) -> str:
+    """12 hex digits of the SHA-256 of the resolved config (canonical JSON, sorted keys, without ``out``)."""
+    blob = json.dumps({k: v for k, v in cfg.items() if k != "out"}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def resolve_cell(values: dict) -> dict:
+    """A cell's full config: defaults (k-head defaults for multi-parent graphs unless given), then ``values``."""
+    cfg = dict(DEFAULTS)
+    cfg.update(values)
+    if cfg["graph"] in MULTI_PARENT_GRAPHS:
+        for key, value in MULTI_PARENT_DEFAULTS.items():
+            if key not in values:
+                cfg[key] = value
+    cfg.pop("out")
+    return cfg
+
+
+def validate_cell(cfg: dict) -> dict:
+    """Build the cell's task and training settings through ``popgrad run``'s checks (without writing).
+
+    Returns ``cfg`` with ``T`` set from the graph (a parents string fixes ``T``).
+    """
+    cfg = dict(cfg)
+    task = build_task(cfg)  # S, T, alpha ranges; graph string; sets cfg["T"]
+    multi = cfg["graph"] in MULTI_PARENT_GRAPHS
+    if multi and cfg["gradient"] != "exact":
+        raise CLIError(f"--gradient {cfg['gradient']} is not available for multi-parent graphs: use exact")
+    if not multi and cfg["gradient"] not in GRADIENTS:
+        raise CLIError(f"--gradient {cfg['gradient']!r}: use {' or '.join(GRADIENTS)}")
+    check_schedule(cfg)
+    task.check_size()
+    kw = dict(beta0=cfg["beta0"], lr1=cfg["lr1"], steps1=cfg["steps1"], lr2=cfg["lr2"], steps2=cfg["steps2"],
+              gradient=cfg["gradient"], schedule=cfg["schedule"], record_every=cfg["record_every"])
+    if multi:
+        MultiHeadTrainConfig(**kw, init_seed=cfg["seed"]).validate()
+    else:
+        TrainConfig(**kw).validate()
+    if cfg["checkpoint_every"] < 0:
+        raise CLIError(f"checkpoint_every must be an integer >= 0, got {cfg['checkpoint_every']}")
+    return cfg
+
+
+def _describe(values: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in values.items()) or "(defaults)"
+
+
+def expand(spec: Mapping) -> list:
+    """Validate a spec; its cells ``[(cell_id, config), ...]`` in order (product of the axes, then ``cells``)."""
+    if not isinstance(spec, Mapping):
+        raise CLIError(f"a sweep spec is a table with [fixed], [axes], [[cells]], got {type(spec).__name__}")
+    for key in spec:
+        if key not in SECTIONS:
+            hint = " (put it under [fixed] or [axes])" if key in _types() else ""
+            raise CLIError(f"sweep spec: unknown section {key!r}{hint}: use [fixed], [axes], [[cells]]")
+    fixed, axes, extra = spec.get("fixed", {}), spec.get("axes", {}), spec.get("cells", [])
+    if not isinstance(fixed, Mapping):
+        raise CLIError("sweep spec: [fixed] must be a table of key = value")
+    if not isinstance(axes, Mapping):
+        raise CLIError("sweep spec: [axes] must be a table of key = [values]")
+    if not isinstance(extra, list) or not all(isinstance(c, Mapping) for c in extra):
+        raise CLIError("sweep spec: cells must be an array of tables ([[cells]])")
+    fixed = {k: _value(k, v, "sweep spec [fixed]") for k, v in fixed.items()}
+    grid = {}
+    for key, values in axes.items():
+        if key in fixed:
+            raise CLIError(f"sweep spec: {key!r} is both in [fixed] and in [axes]: keep one")
+        if not isinstance(values, list):
+            raise CLIError(f"sweep spec [axes]: {key} must be a list of values, got {values!r}")
+        if not values:
+            raise CLIError(f"sweep spec [axes]: {key} is empty: give at least one value")
+        vals = [_value(key, v, f"sweep spec [axes] {key}") for v in values]
+        for i, v in enumerate(vals):
+            if v in vals[:i]:
+                raise CLIError(f"sweep spec [axes]: {key} lists {v!r} twice")
+        grid[key] = vals
+    chosen = []
+    if grid:
+        names = list(grid)
+        chosen += [dict(zip(names, combo)) for combo in itertools.product(*grid.values())]
+    for n, c in enumerate(extra, 1):
+        chosen.append({k: _value(k, v, f"sweep spec [[cells]] #{n}") for k, v in c.items()})
+    if not grid and not extra:
+        chosen.append({})
+    cells, seen = [], {}
+    for n, values in enumerate(chosen):
+        merged = {**fixed, **values}
+        try:
+            cfg = validate_cell(resolve_cell(merged))
+        except (CLIError, ValueError) as exc:
+            raise CLIError(f"sweep cell {n} ({_describe(values)}): {exc}") from None
+        cid = cell_id(cfg)
+        if cid in seen:
+            raise CLIError(f"sweep cells {seen[cid]} and {n} ({_describe(values)}) resolve to the same config")
+        seen[cid] = n
+        cells.append((cid, cfg))
+    return cells
+
+
+# -------------------------------------------------------------------- rows
+def _scalar(v):
+    if isinstance(v, (dict, list)):
+        return json.dumps(v)
+    return v
+
+
+def summary_row(cfg: dict, report: dict | None = None, error: str = "", versions: dict | None = None) -> dict:
+    """The flat results row of one cell: config, status, checks, references, timings, versions."""
+    row = {"cell_id": cell_id(cfg), **{k: cfg[k] for k in CONFIG_KEYS}}
+    row["status"] = "ok" if report is not None else "failed"
+    row["error"] = "" if report is not None else error
+    if report is not None:
+        row["run_status"] = report["trajectory"]["status"]
+        row["all_passed"] = report["all_passed"]
+        for c in report["checks"]:
+            row[f"{c['name']}_value"] = _scalar(c["value"])
+            row[f"{c['name']}_passed"] = c["passed"]
+            row[f"{c['name']}_applicable"] = c.get("applicable", True)
+        row.update({k: _scalar(v) for k, v in report["references"].items()})
+        row["final_loss"] = report["trajectory"]["final_loss"]
+        row["t_eff"] = report["task"]["t_eff"]
+        row["n_sequences"] = report["task"]["n_sequences"]
+        if "loss_sweep" in report:
+            row["loss_sweep_exponent"] = report["loss_sweep"]["fitted_exponent"]
+            row["loss_sweep_exponent_stderr"] = report["loss_sweep"]["fitted_exponent_stderr"]
+        for k, v in report.get("timing_seconds", {}).items():
+            row[f"time_{k}_s"] = v
+        versions = report["versions"]
+    for k, v in (versions or {}).items():
+        row[k if k in ("platform", "cpu_count") else f"version_{k}"] = v
+    return row
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def run_cell(cfg: dict, cell_dir: str, figures: bool = False, log=None) -> dict:
+    """The Dask task of one cell: run the main job into ``cell_dir``; return the cell's row.
+
+    Never raises for a failing cell: the row says ``failed`` with the error in one line
+    (the traceback goes to ``cell_dir/error.txt``).
+    """
+    t0 = time.perf_counter()
+    lines = []
+
+    def _log(msg):
+        lines.append(str(msg))
+        if log is not None:
+            log(msg)
+
+    report, error = None, ""
+    try:
+        report = jobs.run(dict(cfg, out=cell_dir), resume=False, progress=False, log=_log, figures=figures)
+    except Exception as exc:  # a failing cell is a result, not a crash of the sweep
+        error = _one_line(exc)
+        lines.append(traceback.format_exc())
+    row = summary_row(cfg, report, error=error, versions=None if report is not None else versions())
+    row["time_cell_s"] = time.perf_counter() - t0
+    row["host"] = platform.node()
+    try:  # best effort: the report is what counts
+        atomic_write_text(os.path.join(cell_dir, "log.txt"), "\n".join(lines) + "\n")
+        err = os.path.join(cell_dir, "error.txt")
+        if report is None:
+            atomic_write_text(err, lines[-1])
+        elif os.path.exists(err):
+            os.unlink(err)
+    except OSError:
+        pass
+    return row
+
+
+def cached_report(cell_dir: str, cfg: dict) -> dict | None:
+    """The cell's ``report.json`` if it is whole (JSON, the report's keys, the cell's config), else ``None``."""
+    try:
+        with open(os.path.join(cell_dir, "report.json"), encoding="utf-8") as fh:
+            report = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(report, dict) or any(k not in report for k in REPORT_KEYS):
+        return None
+    conf = report["config"]
+    if not isinstance(conf, dict):
+        return None
+    conf = {k: v for k, v in conf.items() if k != "out"}
+    want = json.loads(json.dumps(cfg))
+    return report if conf == want else None
+
+
+# ------------------------------------------------------------------ output
+def _frame(rows: dict):
+    """The results table: rows in cell order, fixed leading columns, then the rest by first appearance."""
+    import pandas as pd
+
+    ordered = [dict(rows[i], cell=i) for i in sorted(rows)]
+    cols = list(FIRST_COLUMNS)
+    for row in ordered:
+        cols += [k for k in row if k not in cols]
+    return pd.DataFrame(ordered, columns=cols)
+
+
+def write_csv_atomic(path, df) -> None:
+    """``df.to_csv(path)`` into a temp file beside ``path``, flushed and fsynced, then ``os.replace``."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8", newline="") as fh:
+            df.to_csv(fh, index=False)
+            fh.flush()
+            os.fsync(fh.fileno())
+    try:  # make the rename durable too
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+# ----------------------------------------------------------------- cluster
+def _start_client(scheduler, workers):
+    from dask.distributed import Client, LocalCluster
+
+    if scheduler:
+        try:
+            return Client(scheduler, timeout="20s"), None
+        except (OSError, TimeoutError) as exc:
+            raise CLIError(f"cannot connect to the Dask scheduler at {scheduler}: {_one_line(exc)}") from None
+    n = workers or os.cpu_count() or 1
+    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, env={"NUMBA_NUM_THREADS": "1"})
+    try:
+        return Client(cluster), cluster
+    except BaseException:
+        cluster.close()
+        raise
+
+
+def _dashboard(client) -> str:
+    try:
+        if "dashboard" not in client.scheduler_info().get("services", {}):
+            return "not running (pip install bokeh for the Dask dashboard)"
+        return client.dashboard_link
+    except Exception:  # informational only
+        return "unknown"
+
+
+def sweep(spec, client=None, out: str = "sweep_out", *, scheduler: str | None = None, workers: int | None = None,
+          figures: bool = False, progress: bool | None = None, retries: int = 2, log=print, cell_fn=None):
+    """Run the main job on every cell of ``spec``; return the results table (a pandas DataFrame).
+
+    ``spec``: a TOML path or a dict with ``fixed`` / ``axes`` / ``cells`` (module docstring).
+    ``client``: a ``dask.distributed.Client`` to use (left open); else ``scheduler`` (an address)
+    is connected to, else a ``LocalCluster`` of ``workers`` processes (default ``os.cpu_count()``)
+    is started and closed. ``figures``: write each cell's PNGs. ``progress``: a progress bar over
+    cells (default: when stderr is a terminal). ``retries``: Dask retries of a task that errs.
+    ``log``: where the sweep's lines go. ``cell_fn``: the task function (default :func:`run_cell`,
+    same signature; for instrumentation and tests).
+
+    Writes ``out/cells/<cell-id>/`` and ``out/results.csv``; cells already done are not rerun.
+    Raises :class:`popgrad.app.jobs.CLIError` for a bad spec or options, before anything is written.
+    """
+    spec_dict = spec if isinstance(spec, Mapping) else load_spec(spec)
+    cells = expand(spec_dict)
+    out = os.fspath(out)
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise CLIError(f"--out {out} exists and is not a folder: choose another --out")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise CLIError(f"--workers {workers}: use an integer >= 1")
+    if scheduler and (client is not None or workers is not None):
+        raise CLIError("--scheduler connects to an existing cluster: give neither a client nor --workers with it")
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise CLIError(f"retries {retries!r}: use an integer >= 0")
+    cell_fn = run_cell if cell_fn is None else cell_fn
+    root = os.path.abspath(out)
+    cells_dir = os.path.join(root, "cells")
+    csv_path = os.path.join(root, "results.csv")
+
+    rows, todo = {}, []
+    for i, (cid, cfg) in enumerate(cells):
+        report = cached_report(os.path.join(cells_dir, cid), cfg)
+        if report is not None:
+            rows[i] = dict(summary_row(cfg, report), resumed=True)
+        else:
+            todo.append(i)
+    log(f"sweep: {len(cells)} cells, {len(cells) - len(todo)} already done in {out}, {len(todo)} to run")
+    t0 = time.perf_counter()
+    if not todo:
+        os.makedirs(root, exist_ok=True)
+        df = _frame(rows)
+        write_csv_atomic(csv_path, df)
+        log(f"results: {csv_path}")
+        return df
+
+    from dask.distributed import as_completed
+    from tqdm.auto import tqdm
+
+    own = client is None
+    cluster = futures = bar = None
+    try:
+        if own:
+            client, cluster = _start_client(scheduler, workers)
+        log(f"Dask scheduler: {client.scheduler.address}; dashboard: {_dashboard(client)}")
+        os.makedirs(cells_dir, exist_ok=True)
+        write_csv_atomic(csv_path, _frame(rows))
+        token = os.urandom(4).hex()
+        futures = {}
+        for i in todo:
+            cid, cfg = cells[i]
+            fut = client.submit(cell_fn, cfg, os.path.join(cells_dir, cid), figures,
+                                key=f"popgrad-cell-{cid}-{token}", retries=retries, pure=False)
+            futures[fut] = i
+        show = sys.stderr.isatty() if progress is None else bool(progress)
+        bar = tqdm(total=len(cells), initial=len(cells) - len(todo), unit="cell", desc="sweep", disable=not show)
+        for fut in as_completed(futures):
+            i = futures[fut]
+            try:
+                row = dict(fut.result(), resumed=False)
+            except Exception as exc:  # lost for good (e.g. KilledWorker) or cell_fn raised
+                row = dict(summary_row(cells[i][1], None, error=_one_line(exc)), resumed=False)
+            rows[i] = row
+            write_csv_atomic(csv_path, _frame(rows))
+            bar.update(1)
+    except BaseException:
+        if futures and client is not None:
+            try:
+                client.cancel(list(futures))
+            except Exception:
+                pass
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        if own and client is not None:
+            client.close()
+        if cluster is not None:
+            cluster.close()
+    df = _frame(rows)
+    failed = int((df["status"] != "ok").sum())
+    log(f"sweep: {len(todo)} cell{'s' * (len(todo) != 1)} run in {time.perf_counter() - t0:.1f} s; "
+        f"{len(df) - failed} ok, {failed} failed; "
+        f"results: {csv_path}")
+    return df
+
+
+# --------------------------------------------------------------------- CLI
+def main_sweep(args) -> int:
+    """``popgrad sweep``: exit 0 (all ok), 1 (some cells failed), 2 (bad spec/options), 130 (interrupted)."""
+    try:
+        df = sweep(args.spec, out=args.out, scheduler=args.scheduler, workers=args.workers, figures=args.figures,
+                   progress=False if args.no_progress else None)
+    except CLIError as exc:
+        print(f"popgrad: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("popgrad: interrupted (finished cells are kept; rerun the same command to resume)", file=sys.stderr)
+        return 130
+    failed = int((df["status"] != "ok").sum())
+    if failed:
+        print(f"popgrad: {failed} of {len(df)} cells failed (see {os.path.join(args.out, 'results.csv')})",
+              file=sys.stderr)
+        return 1
+    return 0

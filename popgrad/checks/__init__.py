@@ -1,0 +1,33 @@
+"""Step 5 of the data flow: each prediction of the paper turned into a number (:class:`CheckResult`).
+
+* :mod:`.results` -- :class:`CheckResult`, :func:`not_applicable`, power-law fits;
+* :mod:`.theorems` -- the checks (graph recovery, gradient alignment, loss convergence, OOD, roots,
+  head specialization), one function per check for every task kind, thresholds documented there;
+* :mod:`._kernels` -- numba kernels of the OOD check.
+"""
+from .results import CheckResult, SweepFit, fit_power_law, not_applicable
+from .theorems import (
+    alignment_sweep,
+    check_gradient_alignment,
+    check_graph_recovery,
+    check_head_specialization,
+    check_loss_convergence,
+    check_loss_convergence_multi,
+    check_ood,
+    check_roots,
+    check_roots_multi,
+    gradient_agreement,
+    loss_sweep,
+    ood_transition,
+    reference_losses,
+    reference_losses_multi,
+    sup_error_distribution,
+)
+
+__all__ = [
+    "CheckResult", "SweepFit", "fit_power_law", "not_applicable",
+    "check_graph_recovery", "check_gradient_alignment", "check_loss_convergence", "check_ood", "check_roots",
+    "check_head_specialization", "reference_losses", "alignment_sweep", "loss_sweep", "gradient_agreement",
+    "ood_transition", "sup_error_distribution",
+    "reference_losses_multi", "check_loss_convergence_multi", "check_roots_multi",
+]

@@ -1,0 +1,35 @@
+"""Step 3 of the data flow: exact population loss and gradients (DESIGN §3, §4, §9, §10).
+
+* :mod:`.api` -- the front end: ``exact_loss_and_grad``, ``exact_loss``, ``sampled_loss_and_grad``,
+  ``clear_caches``; validates once and dispatches on the task kind;
+* :mod:`.single` -- single-parent engines (prefix, direct), plans and the weight cache;
+* :mod:`.multi` -- the k-head engine;
+* :mod:`.symmetry` -- exact relabeling-orbit reduction (closure test, canonical sequences);
+* :mod:`.reference` -- NumPy references of every engine;
+* :mod:`.field` -- the Stage-1 field (DESIGN §12): ``stage1_field`` by enumeration or count generating
+  functions, no ``S**T``;
+* :mod:`.options` -- :class:`EngineOptions`, the engines' tunables in one object;
+* :mod:`.result` -- :class:`LossAndGrad` and the one softmax-Jacobian finish;
+* :mod:`._kernels` -- numba kernels only.
+"""
+from .api import (
+    clear_caches,
+    exact_loss,
+    exact_loss_and_grad,
+    exact_loss_and_grad_multi,
+    exact_loss_and_grad_multi_numpy,
+    exact_loss_multi,
+    sampled_loss_and_grad,
+)
+from .field import Stage1Field, field_atoms, stage1_field, stage1_field_from_atoms, stage1_field_numpy
+from .options import DEFAULT_OPTIONS, ENGINES, EngineOptions
+from .reference import exact_loss_and_grad_numpy
+from .result import LossAndGrad
+from .symmetry import canonical_count, canonical_sequences, symmetry_applies
+
+__all__ = [
+    "exact_loss_and_grad", "exact_loss", "exact_loss_and_grad_numpy", "sampled_loss_and_grad", "clear_caches",
+    "LossAndGrad", "EngineOptions", "DEFAULT_OPTIONS", "ENGINES", "symmetry_applies", "canonical_count",
+    "canonical_sequences", "Stage1Field", "stage1_field", "stage1_field_from_atoms", "stage1_field_numpy",
+    "field_atoms", "exact_loss_and_grad_multi", "exact_loss_multi", "exact_loss_and_grad_multi_numpy",
+]

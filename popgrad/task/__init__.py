@@ -1,0 +1,43 @@
+"""Step 1 of the data flow: what is learned (DESIGN §1, §2, §9).
+
+* :mod:`.graphs` -- single-parent causal graphs (:class:`CausalGraph`, ``chain``, ``icl_pairs``, ``random_tree``);
+* :mod:`.multigraphs` -- k-parent graphs (:class:`MultiParentGraph`, ``ngram``, ``two_parent``, ...);
+* :mod:`.priors` -- finite priors over transition matrices (:class:`FinitePrior`, ``dirichlet_prior``),
+  stationary distributions, the relabeling closure;
+* :mod:`.tensor_priors` -- finite priors over transition tensors (:class:`TensorPrior`);
+* :mod:`.tasks` -- :class:`Task` and :class:`MultiParentTask` (shared :class:`ExactTask`): exact sequence
+  weights, the size guard, the sequence decoder, the sampler, the task fingerprint;
+* :mod:`._weights` -- the numba kernels of the exact weights and the one sequence decoder.
+"""
+from .graphs import CausalGraph, Tree, chain, icl_pairs, random_tree
+from .multigraphs import MultiParentGraph, ngram, random_multi_parent, two_parent
+from .priors import (
+    FinitePrior,
+    PriorDiagnostics,
+    dirichlet_prior,
+    relabel,
+    relabel_closure,
+    stationary_distribution,
+)
+from .tensor_priors import TensorPrior, TensorPriorDiagnostics, dirichlet_tensor_prior, relabel_tensor
+from .tasks import (
+    DEFAULT_MAX_SEQUENCES,
+    ExactTask,
+    MultiParentTask,
+    Sample,
+    Task,
+    TaskTooLargeError,
+    decode_sequences,
+    parent_rows,
+    sequence_weights_multi_numpy,
+    sequence_weights_numpy,
+)
+
+__all__ = [
+    "CausalGraph", "Tree", "chain", "icl_pairs", "random_tree",
+    "MultiParentGraph", "ngram", "two_parent", "random_multi_parent",
+    "FinitePrior", "PriorDiagnostics", "dirichlet_prior", "relabel", "relabel_closure", "stationary_distribution",
+    "TensorPrior", "TensorPriorDiagnostics", "dirichlet_tensor_prior", "relabel_tensor",
+    "ExactTask", "Task", "MultiParentTask", "Sample", "TaskTooLargeError", "DEFAULT_MAX_SEQUENCES",
+    "decode_sequences", "parent_rows", "sequence_weights_numpy", "sequence_weights_multi_numpy",
+]

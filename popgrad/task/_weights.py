@@ -1,0 +1,120 @@
+"""Numba kernels of the exact sequence weights (DESIGN §2) and the one sequence decoder.
+
+Enumeration order (shared by every kernel of popgrad): sequence number ``m`` in
+``0 .. S**T - 1`` is the base-``S`` numeral ``s_0 s_1 ... s_{T-1}`` with
+position ``0`` the most significant digit, so position ``T-1`` varies fastest:
+lexicographic order, ``itertools.product(range(S), repeat=T)``.
+:func:`decode_sequence` is the one place that decodes it (NumPy code uses
+:func:`popgrad.task.tasks.decode_sequences`).
+
+References: :func:`popgrad.task.tasks.sequence_weights_numpy` (single-parent),
+:func:`popgrad.task.tasks.sequence_weights_multi_numpy` (k parents).
+``cache=True`` everywhere, never ``fastmath``.
+"""
+from numba import njit, prange
+
+
+# ===========================================================================
+# Exact weights (DESIGN §2)
+# ===========================================================================
+@njit(cache=True)
+def decode_sequence(index, S, T, out):
+    """Write the tokens of sequence number ``index`` into ``out[:T]``."""
+    for t in range(T - 1, -1, -1):
+        out[t] = index % S
+        index //= S
+
+
+@njit(cache=True)
+def sequence_weight_row(s, parents, mu, atoms, prior_w, out):
+    """``out[c] = w(s, c)`` of DESIGN §2 for one sequence ``s``."""
+    K, S, _ = atoms.shape
+    T = s.shape[0]
+    q = s[T - 1]
+    for c in range(S):
+        out[c] = 0.0
+    for k in range(K):
+        p = prior_w[k] / S
+        for i in range(T - 1):
+            par = parents[i]
+            if par < 0:
+                p *= mu[k, s[i]]
+            else:
+                p *= atoms[k, s[par], s[i]]
+        if p != 0.0:
+            for c in range(S):
+                out[c] += p * atoms[k, q, c]
+
+
+@njit(cache=True, parallel=True)
+def chunk_weights(start, parents, mu, atoms, prior_w, seqs, w):
+    """Fill ``seqs (n, T)`` and ``w (n, S)`` for sequences ``start .. start+n-1``.
+
+    Parallel over sequences; every output row is written by one thread with
+    a fixed summation order, so the result does not depend on the thread
+    count.
+    """
+    n, T = seqs.shape
+    S = atoms.shape[1]
+    for m in prange(n):
+        decode_sequence(start + m, S, T, seqs[m])
+        sequence_weight_row(seqs[m], parents, mu, atoms, prior_w, w[m])
+
+
+@njit(cache=True, parallel=True)
+def rows_weights(seqs, parents, mu, atoms, prior_w, w):
+    """``w[m, c] = w(seqs[m], c)`` for given sequences (same arithmetic as :func:`chunk_weights`)."""
+    for m in prange(seqs.shape[0]):
+        sequence_weight_row(seqs[m], parents, mu, atoms, prior_w, w[m])
+
+
+@njit(cache=True)
+def rows_weights_serial(seqs, parents, mu, atoms, prior_w, w):
+    """:func:`rows_weights` on the calling thread."""
+    for m in range(seqs.shape[0]):
+        sequence_weight_row(seqs[m], parents, mu, atoms, prior_w, w[m])
+
+
+# ===================================================================== weights
+@njit(cache=True)
+def sequence_weight_row_multi(s, parents, tp, atoms, target_tab, pk0, out):
+    """``out[c] = Σ_m p_m(s) · target_tab[m, r_tp(s), c]`` for one sequence ``s``.
+
+    ``p_m(s) = pk0[m] · Π_{non-roots i} atoms[m, r_i(s), s_i]`` (positions in
+    increasing order), ``r_i`` the flat row of ``i``'s parent tuple. With
+    ``target_tab = atoms`` this is ``w(s, ·)``.
+    """
+    K = atoms.shape[0]
+    S = atoms.shape[2]
+    T, k = parents.shape
+    C = target_tab.shape[2]
+    rt = 0
+    for h in range(k):
+        rt = rt * S + s[tp[h]]
+    for c in range(C):
+        out[c] = 0.0
+    for m in range(K):
+        p = pk0[m]
+        for i in range(T):
+            if parents[i, 0] >= 0:
+                row = 0
+                for h in range(k):
+                    row = row * S + s[parents[i, h]]
+                p *= atoms[m, row, s[i]]
+        if p != 0.0:
+            for c in range(C):
+                out[c] += p * target_tab[m, rt, c]
+
+
+@njit(cache=True, parallel=True)
+def chunk_weights_multi(start, parents, tp, atoms, target_tab, pk0, seqs, w):
+    """Fill ``seqs (n, T)`` and ``w (n, C)`` for sequence numbers ``start … start+n-1``.
+
+    Parallel over sequences; each row is written by one thread in a fixed
+    order, so the result does not depend on the thread count.
+    """
+    n, T = seqs.shape
+    S = atoms.shape[2]
+    for m in prange(n):
+        decode_sequence(start + m, S, T, seqs[m])
+        sequence_weight_row_multi(seqs[m], parents, tp, atoms, target_tab, pk0, w[m])

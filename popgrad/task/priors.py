@@ -1,0 +1,572 @@
+"""Finite priors over transition matrices (DESIGN §1, §6).
+
+A transition matrix ``pi`` is row-stochastic, ``pi[a, b] = π(b | a)``. Its
+stationary distribution ``mu`` (``mu @ pi = mu``) is computed with the
+Grassmann-Taksar-Heyman (GTH) elimination, which uses no subtraction and so
+stays non-negative and accurate even for nearly reducible chains.
+
+In the exact engine a prior is a finite set of atoms ``atoms[k]`` (shape
+``(K, S, S)``) with weights ``weights[k]`` summing to one. A Dirichlet(α)
+prior is represented by ``n_atoms`` row-wise Dirichlet draws from a fixed
+seed; ``symmetrize=True`` closes the atom set under all ``S!`` relabelings
+``σ π σ⁻¹`` (paper Assumption 3). Every population quantity popgrad computes
+is then *exact for that finite prior*.
+
+Diagnostics of the paper's assumptions ("Knowl 10"), per prior:
+
+* ``gamma = S · min_{k,a,b} π_k(b|a)`` (so ``min π ≥ γ/S``);
+* non-degeneracy ``min_k Σ_a ‖π_k(·|a) - μ_k‖² ≥ γ²/S``;
+* permutation symmetry (the weighted atom set is closed under relabeling);
+* uniform mean ``E[π] = 11ᵀ/S``.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from .._validation import as_int
+
+__all__ = [
+    "FinitePrior",
+    "PriorDiagnostics",
+    "dirichlet_prior",
+    "stationary_distribution",
+    "relabel",
+    "relabel_closure",
+]
+
+#: Tolerance on row sums of transition matrices.
+ROW_SUM_TOL = 1e-12
+#: Largest number of atoms a relabeling closure may create.
+MAX_CLOSURE_ATOMS = 200_000
+
+
+# ------------------------------------------------------------- stationary
+def stationary_distribution(pi) -> np.ndarray:
+    """Stationary distribution of a row-stochastic matrix by GTH elimination.
+
+    Parameters
+    ----------
+    pi : array_like, shape (S, S) or (K, S, S)
+        Row-stochastic matrix (or stack of them), ``pi[a, b] = π(b | a)``.
+
+    Returns
+    -------
+    mu : ndarray, shape (S,) or (K, S)
+        Non-negative, sums to one, ``mu @ pi = mu``. For a reducible chain
+        the GTH elimination returns one stationary distribution (supported on
+        a closed class).
+    """
+    pi = np.asarray(pi, dtype=np.float64)
+    if pi.ndim == 3:
+        return np.stack([_gth(p) for p in pi]) if len(pi) else np.zeros((0, pi.shape[-1]))
+    if pi.ndim != 2 or pi.shape[0] != pi.shape[1]:
+        raise ValueError(f"transition matrix must be square (S, S), got shape {pi.shape}")
+    return _gth(pi)
+
+
+def _gth(p: np.ndarray) -> np.ndarray:
+    A = np.array(p, dtype=np.float64)
+    n = A.shape[0]
+    # Forward elimination (QuantEcon's gth_solve): only additions,
+    # multiplications and divisions by positive sums.
+    m = n
+    for k in range(n - 1):
+        scale = A[k, k + 1 : m].sum()
+        if scale <= 0.0:
+            # States k+1.. are unreachable from k: {0..k} holds a closed class.
+            m = k + 1
+            break
+        A[k + 1 : m, k] /= scale
+        A[k + 1 : m, k + 1 : m] += np.outer(A[k + 1 : m, k], A[k, k + 1 : m])
+    x = np.zeros(n)
+    x[m - 1] = 1.0
+    for k in range(m - 2, -1, -1):
+        x[k] = x[k + 1 : m] @ A[k + 1 : m, k]
+    return x / x.sum()
+
+
+# --------------------------------------------------------------- relabeling
+def relabel(pi, perm) -> np.ndarray:
+    """Relabel tokens: ``out[σ(a), σ(b)] = pi[a, b]`` (i.e. ``σ π σ⁻¹``)."""
+    pi = np.asarray(pi, dtype=np.float64)
+    perm = np.asarray(perm)
+    out = np.empty_like(pi)
+    out[np.ix_(perm, perm)] = pi
+    return out
+
+
+def relabel_closure(atoms, weights=None):
+    """Close a weighted atom set under all ``S!`` token relabelings.
+
+    Each atom ``k`` is replaced by its ``S!`` relabelings, each with weight
+    ``weights[k] / S!``. Returns ``(atoms (K·S!, S, S), weights (K·S!,))``,
+    atoms grouped by source atom, permutations in lexicographic order.
+    """
+    atoms = np.asarray(atoms, dtype=np.float64)
+    K, S, _ = atoms.shape
+    if weights is None:
+        weights = np.full(K, 1.0 / K)
+    n_perm = math.factorial(S)
+    if K * n_perm > MAX_CLOSURE_ATOMS:
+        raise ValueError(
+            f"closing {K} atoms under all {S}! = {n_perm} relabelings would create {K * n_perm} atoms "
+            f"(limit {MAX_CLOSURE_ATOMS}): use symmetrize=False, fewer atoms, or a smaller S"
+        )
+    perms = list(itertools.permutations(range(S)))
+    out = np.empty((K * n_perm, S, S))
+    for k in range(K):
+        for m, perm in enumerate(perms):
+            out[k * n_perm + m] = relabel(atoms[k], perm)
+    w = np.repeat(np.asarray(weights, dtype=np.float64) / n_perm, n_perm)
+    return out, w
+
+
+# ---------------------------------------------------------------- the prior
+def validated_weights(weights, K: int) -> np.ndarray:
+    """Prior weights as a float64 ``(K,)`` array: uniform when ``None``, else checked.
+
+    Raises ``ValueError`` unless the weights have shape ``(K,)``, are finite
+    and non-negative and sum to one within :data:`ROW_SUM_TOL`.
+    """
+    if weights is None:
+        return np.full(K, 1.0 / K)
+    weights = np.array(weights, dtype=np.float64).reshape(-1)
+    if weights.shape != (K,):
+        raise ValueError(f"weights must have shape ({K},) to match the {K} atoms, got {weights.shape}")
+    if not np.all(np.isfinite(weights)) or np.any(weights < 0):
+        raise ValueError("weights must be finite and non-negative")
+    if abs(weights.sum() - 1.0) > ROW_SUM_TOL:
+        raise ValueError(f"weights sum to {float(weights.sum())!r}, not 1 (tolerance {ROW_SUM_TOL}): normalise them")
+    return weights
+
+
+class PriorDiagnostics(NamedTuple):
+    """The paper's assumptions on a prior ("Knowl 10"), measured.
+
+    Attributes
+    ----------
+    gamma : float
+        ``S · min π`` over all atoms and entries: ``min π ≥ γ/S`` holds with
+        this ``γ`` (0 when some transition is impossible).
+    nondegeneracy : float
+        ``min_k Σ_a ‖π_k(·|a) - μ_k‖²`` (paper: ``≥ γ²/S``).
+    nondegenerate : bool
+        Whether ``nondegeneracy ≥ gamma² / S``.
+    symmetric : bool or None
+        Whether the weighted atom set is closed under all relabelings.
+    uniform_mean_error : float
+        ``max |E[π] - 1/S|`` over entries.
+    uniform_mean : bool
+        Whether ``uniform_mean_error ≤ 1e-12``.
+    """
+
+    gamma: float
+    nondegeneracy: float
+    nondegenerate: bool
+    symmetric: bool
+    uniform_mean_error: float
+    uniform_mean: bool
+
+    def summary(self) -> str:
+        sym = str(self.symmetric)
+        return (
+            f"gamma={self.gamma:.4g} (min pi = gamma/S), "
+            f"non-degeneracy={self.nondegeneracy:.4g} (>= gamma^2/S: {self.nondegenerate}), "
+            f"relabeling-symmetric={sym}, "
+            f"uniform mean={self.uniform_mean} (max |E[pi]-1/S| = {self.uniform_mean_error:.3g})"
+        )
+
+
+class FinitePrior:
+    """A finite prior over ``S×S`` transition matrices.
+
+    Parameters
+    ----------
+    atoms : array_like, shape (K, S, S) or (S, S)
+        Row-stochastic matrices ``atoms[k, a, b] = π_k(b | a)``: finite,
+        non-negative, every row summing to one within ``1e-12``.
+    weights : array_like, shape (K,), optional
+        Non-negative, summing to one within ``1e-12``. Default: uniform.
+
+    Raises
+    ------
+    ValueError
+        Naming the offending atom/row and the fix.
+    """
+
+    __slots__ = ("_atoms", "_weights", "_mu", "_symmetric", "_base")
+
+    def __init__(self, atoms, weights=None):
+        atoms = np.array(atoms, dtype=np.float64)
+        if atoms.ndim == 2:
+            atoms = atoms[None]
+        if atoms.ndim != 3 or atoms.shape[1] != atoms.shape[2] or atoms.shape[0] < 1:
+            raise ValueError(
+                f"atoms must have shape (K, S, S) with K >= 1 (a stack of square transition matrices), "
+                f"got shape {atoms.shape}"
+            )
+        K, S, _ = atoms.shape
+        if S < 2:
+            raise ValueError(f"the alphabet needs S >= 2 tokens, got S = {S}")
+        if not np.all(np.isfinite(atoms)):
+            k = int(np.argwhere(~np.isfinite(atoms))[0, 0])
+            raise ValueError(f"atoms[{k}] has non-finite entries: transition probabilities must be finite")
+        if np.any(atoms < 0):
+            k, a, b = (int(x) for x in np.argwhere(atoms < 0)[0])
+            raise ValueError(
+                f"atoms[{k}][{a}, {b}] = {atoms[k, a, b]:.3g} is negative: transition probabilities must be >= 0"
+            )
+        rows = atoms.sum(axis=2)
+        bad = np.abs(rows - 1.0) > ROW_SUM_TOL
+        if np.any(bad):
+            k, a = (int(x) for x in np.argwhere(bad)[0])
+            raise ValueError(
+                f"row {a} of atoms[{k}] sums to {float(rows[k, a])!r}, not 1 (tolerance {ROW_SUM_TOL}): "
+                "each row pi[a, :] = pi(. | a) must be a probability distribution (divide rows by their sums)"
+            )
+        weights = validated_weights(weights, K)
+        atoms.setflags(write=False)
+        weights.setflags(write=False)
+        self._atoms = atoms
+        self._weights = weights
+        self._mu = None
+        self._symmetric = None
+        self._base = None
+
+    @classmethod
+    def relabeling_closure(cls, atoms, weights=None) -> "FinitePrior":
+        """The closure of ``(atoms, weights)`` under all ``S!`` token relabelings, kept *implicit*.
+
+        The prior is the one :func:`relabel_closure` would build (``K·S!``
+        atoms, atom ``k``'s relabelings each with weight ``weights[k]/S!``,
+        in the same order), but only the base draws are stored: quantities
+        that are invariant under relabeling (the Stage-1 field, the idealized
+        gradient, χ² information, the assumptions) use the base draws
+        (:meth:`invariant_view`), and the full atom set is built on first use
+        of :attr:`atoms` (the enumeration engine), or refused with a
+        ``ValueError`` naming its size when it would exceed
+        :data:`MAX_CLOSURE_ATOMS` (S = 10 has 3,628,800 relabelings).
+        """
+        base = cls(atoms, weights)
+        prior = cls.__new__(cls)
+        prior._atoms = None
+        prior._weights = None
+        prior._mu = None
+        prior._symmetric = True
+        prior._base = base
+        return prior
+
+    def _expand(self) -> None:
+        if self._atoms is None:
+            b = self._base
+            atoms, weights = relabel_closure(b.atoms, b.weights)  # raises, naming the size, when too large
+            atoms.setflags(write=False)
+            weights.setflags(write=False)
+            self._atoms, self._weights = atoms, weights
+
+    # ------------------------------------------------------------ properties
+    @property
+    def atoms(self) -> np.ndarray:
+        """Read-only ``(K, S, S)`` float64 transition matrices (built on first use for an implicit closure)."""
+        if self._base is not None:
+            self._expand()
+        return self._atoms
+
+    @property
+    def weights(self) -> np.ndarray:
+        """Read-only ``(K,)`` float64 prior weights (sum to one)."""
+        if self._base is not None:
+            self._expand()
+        return self._weights
+
+    @property
+    def K(self) -> int:
+        """Number of atoms (``K_base · S!`` for an implicit relabeling closure, never materialized for this)."""
+        if self._base is not None:
+            return self._base.K * math.factorial(self._base.S)
+        return int(self._atoms.shape[0])
+
+    @property
+    def S(self) -> int:
+        """Alphabet size."""
+        return self._base.S if self._base is not None else int(self._atoms.shape[1])
+
+    @property
+    def implicit_closure(self) -> bool:
+        """True for a prior built by :meth:`relabeling_closure` (base draws + the closure flag)."""
+        return self._base is not None
+
+    @property
+    def base(self) -> "FinitePrior":
+        """The base draws of an implicit relabeling closure; the prior itself otherwise."""
+        return self._base if self._base is not None else self
+
+    def invariant_view(self):
+        """``(atoms, weights, stationary)`` on which a relabeling-invariant quantity may be computed.
+
+        The base draws for an implicit closure (``S!`` times fewer atoms; the
+        same value up to rounding, because the quantity is invariant), the
+        prior's own atoms otherwise.
+        """
+        b = self.base
+        return b.atoms, b.weights, b.stationary
+
+    @property
+    def stationary(self) -> np.ndarray:
+        """Read-only ``(K, S)`` stationary distributions (GTH), rows sum to one."""
+        if self._mu is None:
+            mu = stationary_distribution(self.atoms)
+            mu.setflags(write=False)
+            self._mu = mu
+        return self._mu
+
+    def mean(self) -> np.ndarray:
+        """``E[π]`` under the prior, shape ``(S, S)``.
+
+        For an implicit relabeling closure, ``d·I + (1-d)/(S-1)·(11ᵀ - I)`` with
+        ``d = E_base[tr π]/S`` (the mean of a relabeling-closed prior).
+        """
+        if self._base is not None:
+            S = self.S
+            b = self._base
+            d = float(b.weights @ np.trace(b.atoms, axis1=1, axis2=2)) / S
+            return np.where(np.eye(S, dtype=bool), d, (1.0 - d) / (S - 1))
+        return np.einsum("k,kab->ab", self._weights, self._atoms)
+
+    # ----------------------------------------------------------- diagnostics
+    def is_relabeling_closed(self, tol: float = 1e-10) -> bool:
+        """Whether the weighted atom set is invariant under every relabeling.
+
+        Identical atoms (within ``tol``, max-abs) are merged with their
+        weights summed; the prior is closed when the transposition ``(0 1)``
+        and the cycle ``(0 1 … S-1)`` (which generate every relabeling) map
+        each merged atom onto a merged atom of the same weight
+        (:func:`closed_under_relabeling`, ``O(K S²)``). The answer for the
+        default ``tol`` is cached.
+
+        This is a property of the distribution of ``π``. For reducible atoms
+        the stationary distribution that the task uses for roots (GTH) need
+        not be relabeling-equivariant; the exact engine's symmetry reduction
+        checks that too (:func:`popgrad.symmetry_applies`).
+        """
+        if self._base is not None:  # closed by construction
+            return True
+        if tol == 1e-10 and self._symmetric is not None:
+            return self._symmetric
+        closed = closed_under_relabeling(self._atoms, self._weights, tol)
+        if tol == 1e-10:
+            self._symmetric = closed
+        return closed
+
+    def diagnostics(self) -> PriorDiagnostics:
+        """Measure the paper's assumptions on this prior (DESIGN §6)."""
+        S = self.S
+        atoms, _, mu = self.invariant_view()  # γ, non-degeneracy: invariant under relabeling
+        gamma = float(S * atoms.min())
+        dev = atoms - mu[:, None, :]
+        nondeg = float((dev**2).sum(axis=(1, 2)).min())
+        mean_err = float(np.abs(self.mean() - 1.0 / S).max())
+        return PriorDiagnostics(
+            gamma=gamma,
+            nondegeneracy=nondeg,
+            nondegenerate=bool(nondeg >= gamma**2 / S),
+            symmetric=self.is_relabeling_closed(),
+            uniform_mean_error=mean_err,
+            uniform_mean=bool(mean_err <= 1e-12),
+        )
+
+    def summary(self) -> str:
+        closure = f" ({self._base.K} draws x {self.S}! relabelings, implicit)" if self._base is not None else ""
+        return f"FinitePrior S={self.S} K={self.K} atoms{closure}\n  " + self.diagnostics().summary()
+
+    def __repr__(self):
+        return f"FinitePrior(S={self.S}, K={self.K})"
+
+    def fingerprint_bytes(self) -> bytes:
+        """Bytes that identify the prior exactly (for task fingerprints); never expands a closure."""
+        if self._base is not None:
+            return b"relabeling-closure:" + self._base.fingerprint_bytes()
+        return np.ascontiguousarray(self._atoms).tobytes() + np.ascontiguousarray(self._weights).tobytes()
+
+
+def closed_under_relabeling(atoms, weights, tol: float = 1e-10, weight_tol: float = 1e-12,
+                            extra=None, extra_rtol: float = 1e-12) -> bool:
+    """The one relabeling-closure test of popgrad (matrices and tensors alike).
+
+    Parameters
+    ----------
+    atoms : ndarray, shape (K, S, ..., S)
+        ``K`` atoms with ``k + 1`` token axes (a transition matrix has 2, a
+        ``k``-parent tensor ``k + 1``); a relabeling ``σ`` moves every axis:
+        ``out[σa_1, …, σa_k, σc] = π[a_1, …, a_k, c]``.
+    weights : ndarray, shape (K,)
+    tol : float
+        Atoms within ``tol`` (max-abs) are the same atom (their weights are
+        merged); ``0`` means bit for bit (``-0.0`` counts as ``0.0``).
+    weight_tol : float
+        Largest difference between the weights of an atom and of its image.
+    extra : ndarray, shape (K, S), optional
+        A per-atom vector that must move with the atom (``extra ∘ σ⁻¹``, to
+        ``extra_rtol`` relative): the stationary distributions the exact
+        engine uses for roots (they are not unique for reducible atoms).
+
+    Only the transposition ``(0 1)`` and the cycle ``(0 1 … S-1)`` are tried:
+    a finite set mapped into itself by both generators is invariant under
+    every relabeling. Atoms are looked up in a hash of their coordinates
+    rounded to ``tol``, so the cost is ``O(K · S^(k+1))``, never ``O(S!)``.
+    An image that misses the hash (just across a rounding boundary) is
+    searched exhaustively, once, before the answer is "not closed"; when
+    merging, near-duplicates across a rounding boundary stay separate atoms
+    (a relabeling closure built by :func:`relabel_closure` is bit-exact, so
+    this never happens there).
+    """
+    atoms = np.asarray(atoms, dtype=np.float64) + 0.0
+    weights = np.asarray(weights, dtype=np.float64)
+    K, S = atoms.shape[0], atoms.shape[1]
+    axes = atoms.ndim - 1
+    flat = atoms.reshape(K, -1)
+    scale = 1.0 / tol if tol > 0 else None
+
+    def key(v):
+        return (np.round(v * scale).astype(np.int64) if scale else v).tobytes()
+
+    index, reps, rep_w, rep_x = {}, [], [], []
+
+    def find(v, x, exhaustive):
+        """Index of the merged atom equal to ``v`` (within ``tol``) whose extra matches ``x`` (any with None), or -1."""
+        for c in index.get(key(v), ()):
+            if np.abs(reps[c] - v).max() <= tol and _same(rep_x[c], x):
+                return c
+        if exhaustive and reps and tol > 0:  # a neighbour just across a rounding boundary
+            d = np.abs(np.asarray(reps) - v).max(axis=1)
+            for c in np.flatnonzero(d <= tol):
+                if _same(rep_x[c], x):
+                    return int(c)
+        return -1
+
+    def _same(a, b):
+        if a is None or b is None:
+            return True
+        return bool(np.all(np.abs(a - b) <= extra_rtol * np.abs(b)))
+
+    for m in range(K):
+        x = None if extra is None else np.asarray(extra[m], dtype=np.float64)
+        c = find(flat[m], None, False)
+        if c >= 0:
+            rep_w[c] += float(weights[m])
+            if x is not None and not _same(rep_x[c], x):
+                rep_x[c] = np.full(S, np.nan)  # the same atom with two different vectors: matches nothing
+            continue
+        index.setdefault(key(flat[m]), []).append(len(reps))
+        reps.append(flat[m])
+        rep_w.append(float(weights[m]))
+        rep_x.append(x)
+    R = len(reps)
+    rep_arr = np.asarray(reps).reshape((R,) + (S,) * axes)
+    for perm in (np.array([1, 0] + list(range(2, S))), np.roll(np.arange(S), -1)):
+        moved = np.empty_like(rep_arr)
+        moved[np.ix_(np.arange(R), *([perm] * axes))] = rep_arr
+        moved = moved.reshape(R, -1)
+        for r in range(R):
+            xm = None
+            if rep_x[r] is not None:
+                xm = np.empty(S)
+                xm[perm] = rep_x[r]
+            c = find(moved[r], xm, True)
+            if c < 0 or abs(rep_w[c] - rep_w[r]) > weight_tol:
+                return False
+    return True
+
+
+# ----------------------------------------------------------------- builders
+def dirichlet_prior(
+    S: int, alpha: float, n_atoms: int, seed: int, symmetrize: bool = True, uniform_mean: bool = False
+) -> FinitePrior:
+    """A finite prior of row-wise Dirichlet(α) transition matrices.
+
+    Parameters
+    ----------
+    S : int
+        Alphabet size, ``>= 2``.
+    alpha : float
+        Dirichlet concentration ``> 0`` for every row (small α: sparse,
+        nearly deterministic rows).
+    n_atoms : int
+        Number of independent draws, ``>= 1``.
+    seed : int
+        Seed of ``numpy.random.default_rng``: the same seed gives the same atoms.
+    symmetrize : bool, default True
+        Close the set under all ``S!`` relabelings (``n_atoms · S!`` atoms
+        with equal weights), implicitly (:meth:`FinitePrior.relabeling_closure`):
+        the ``S!`` relabelings are built only when the enumeration engine
+        needs them, so S = 10 costs what its ``n_atoms`` draws cost.
+    uniform_mean : bool, default False
+        Reweight the draws so that ``E[π] = 11ᵀ/S`` exactly (paper
+        Assumption 3; needs ``symmetrize=True``). A relabeling-closed prior has
+        ``E[π] = d·I + (1-d)/(S-1)·(11ᵀ - I)`` with ``d`` the mean diagonal
+        entry, so only ``d = 1/S``, i.e. ``Σ_k w_k tr(π_k) = 1``, is needed.
+        The weights are the exponential tilt ``w_k ∝ exp(λ tr π_k)`` of the
+        uniform weights, with ``λ`` found by bisection: the closest weights to
+        uniform (in Kullback-Leibler divergence) that satisfy the constraint.
+        Raises ``ValueError`` if every draw has ``tr π < 1`` (or every
+        ``> 1``): draw more atoms or change the seed.
+    """
+    if isinstance(S, bool) or not isinstance(S, (int, np.integer)) or S < 2:
+        raise ValueError(f"S must be an integer >= 2, got {S!r}")
+    try:
+        alpha = float(alpha)
+    except (TypeError, ValueError):
+        raise ValueError(f"alpha must be a positive number, got {alpha!r}") from None
+    if not (np.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"alpha must be a positive finite Dirichlet concentration, got {alpha}")
+    n_atoms = as_int(n_atoms, "n_atoms", minimum=1)
+    rng = np.random.default_rng(seed)
+    atoms = rng.dirichlet(np.full(S, alpha), size=(int(n_atoms), int(S)))
+    # Renormalise to remove the last-ulp drift of the sampler.
+    atoms = atoms / atoms.sum(axis=2, keepdims=True)
+    if not np.all(np.isfinite(atoms)):
+        raise ValueError(
+            f"Dirichlet draws with alpha={alpha} underflowed to NaN; use a larger alpha"
+        )
+    if uniform_mean and not symmetrize:
+        raise ValueError("uniform_mean=True needs symmetrize=True (only a relabeling-closed prior has a uniform mean)")
+    draw_weights = _uniform_mean_tilt(atoms) if uniform_mean else None
+    if symmetrize:
+        return FinitePrior.relabeling_closure(atoms, draw_weights)
+    return FinitePrior(atoms)
+
+
+def _uniform_mean_tilt(atoms) -> np.ndarray:
+    """Weights ``∝ exp(λ tr π_k)`` with ``Σ_k w_k tr π_k = 1`` (see :func:`dirichlet_prior`)."""
+    tr = np.trace(atoms, axis1=1, axis2=2) - 1.0
+    if np.all(np.abs(tr) <= 1e-15):
+        return np.full(len(tr), 1.0 / len(tr))
+    if tr.max() <= 0 or tr.min() >= 0:
+        raise ValueError(
+            f"cannot reweight {len(tr)} draws to a uniform mean: every draw has trace "
+            f"{'<' if tr.max() <= 0 else '>'} 1; draw more atoms (n_atoms) or change the seed"
+        )
+
+    def weights(lam):
+        z = lam * tr
+        e = np.exp(z - z.max())
+        return e / e.sum()
+
+    lo, hi = -1.0, 1.0
+    while weights(lo) @ tr > 0:
+        lo *= 2
+    while weights(hi) @ tr < 0:
+        hi *= 2
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if weights(mid) @ tr > 0:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-15 * max(1.0, abs(mid)):
+            break
+    return weights(0.5 * (lo + hi))

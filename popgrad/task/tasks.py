@@ -1,0 +1,455 @@
+"""Tasks: a causal graph + a prior, and their exact sequence weights (DESIGN §2, §9).
+
+:class:`Task` (single-parent graph, finite prior over transition matrices) and
+:class:`MultiParentTask` (k-parent graph, prior over transition tensors) share
+:class:`ExactTask`: sizes, the size guard, chunked enumeration, the fingerprint.
+
+Given ``π``: roots other than the query draw ``s_i ~ μ_π``; a non-root draws
+``s_i ~ π(· | s_{p(i)})``; the query draws ``s_{T-1} ~ Unif([S])``; the
+target is the whole distribution ``π(· | s_{T-1})`` (a soft label). For each
+sequence ``s ∈ [S]^T`` and token ``c`` the exact joint weight is::
+
+    w(s, c) = Σ_k weights[k] · P(s | π_k) · π_k(c | s_{T-1}),
+    P(s | π) = (1/S) · Π_{roots i < T-1} μ_π(s_i) · Π_{non-roots i} π(s_i | s_{p(i)})
+
+and ``Σ_{s,c} w(s, c) = 1``.
+
+Enumeration order: lexicographic with position ``0`` slowest and the query
+position ``T-1`` fastest, i.e. the order of
+``itertools.product(range(S), repeat=T)``; sequence number ``m`` is the
+base-``S`` numeral ``s_0 s_1 … s_{T-1}``.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Iterator, NamedTuple
+
+import numpy as np
+
+from .._validation import as_int
+
+from . import _weights
+from .graphs import CausalGraph
+from .multigraphs import MultiParentGraph
+from .priors import FinitePrior
+from .tensor_priors import TensorPrior
+
+__all__ = [
+    "ExactTask", "Task", "MultiParentTask", "Sample", "TaskTooLargeError", "DEFAULT_MAX_SEQUENCES",
+    "sequence_weights_numpy", "sequence_weights_multi_numpy", "parent_rows", "decode_sequences",
+]
+
+#: Default limit on ``S**T`` for exact enumeration (about 3 s per exact
+#: loss-and-gradient evaluation at 10M sequences per second).
+DEFAULT_MAX_SEQUENCES = 2**25
+#: Nominal throughput used to estimate enumeration time in error messages.
+_NOMINAL_SEQ_PER_S = 1e7
+
+
+class TaskTooLargeError(ValueError):
+    """Raised when exact enumeration of ``S**T`` sequences exceeds the limit."""
+
+
+class Sample(NamedTuple):
+    """Monte-Carlo draws from the task's generative process.
+
+    Attributes
+    ----------
+    seqs : ndarray of int64, shape (n, T)
+        Sampled sequences (query token last).
+    targets : ndarray of float64, shape (n, S)
+        The soft label ``π(· | s_{T-1})`` of each draw's transition matrix.
+    atoms : ndarray of int64, shape (n,)
+        Index of the prior atom each draw used.
+    """
+
+    seqs: np.ndarray
+    targets: np.ndarray
+    atoms: np.ndarray
+
+
+class ExactTask:
+    """What every enumerable task shares: sizes, the size guard, chunked enumeration.
+
+    Subclasses (:class:`Task`, :class:`popgrad.multiparent.MultiParentTask`)
+    set ``_graph``, ``_prior`` and ``_max_sequences`` through
+    :meth:`_init_common` and implement :meth:`_fill_chunk` (the exact weights
+    of a block of sequences), :meth:`sample` and :meth:`summary`.
+    """
+
+    __slots__ = ("_graph", "_prior", "_max_sequences", "_fingerprint")
+    #: Extra "way out" named by the size-guard error.
+    _size_guard_hint = ""
+
+    def _init_common(self, graph, prior, max_sequences) -> None:
+        max_sequences = as_int(max_sequences, "max_sequences", minimum=1)
+        self._graph = graph
+        self._prior = prior
+        self._max_sequences = int(max_sequences)
+        self._fingerprint = None
+
+    # ------------------------------------------------------------ properties
+    @property
+    def graph(self):
+        return self._graph
+
+    @property
+    def prior(self):
+        return self._prior
+
+    @property
+    def S(self) -> int:
+        """Alphabet size."""
+        return self._prior.S
+
+    @property
+    def T(self) -> int:
+        """Sequence length, the query included."""
+        return self._graph.T
+
+    @property
+    def n_sequences(self) -> int:
+        """``S**T``, the number of sequences exact enumeration visits."""
+        return self.S**self.T
+
+    @property
+    def max_sequences(self) -> int:
+        """The enumeration size limit of this task."""
+        return self._max_sequences
+
+    @property
+    def t_eff(self) -> float:
+        """The graph's effective length (``T / max_k L_k`` for single-parent graphs)."""
+        return self._graph.t_eff
+
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 (hex) of the graph and the prior's atoms and weights: equal tasks, equal fingerprints.
+
+        Keys the engine's plan and weight caches (:func:`popgrad.clear_caches`) and ties a
+        checkpoint to its task. Graphs and priors are immutable, so it is computed once.
+        """
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            h.update(self._prior.fingerprint_bytes())
+            h.update(self._graph.to_string().encode())
+            self._fingerprint = h.hexdigest()
+        return self._fingerprint
+
+    @property
+    def default_eps(self) -> float:
+        """The loss perturbation ``T_eff ** -0.5`` (DESIGN §3)."""
+        return self._graph.t_eff ** -0.5
+
+    # ----------------------------------------------------------- enumeration
+    def check_size(self) -> None:
+        """Raise :class:`TaskTooLargeError` if ``S**T`` exceeds the limit."""
+        n = self.n_sequences
+        if n > self._max_sequences:
+            S, T = self.S, self.T
+            if n < 10**15:
+                count, seconds = f"{n:,}", f"{n / _NOMINAL_SEQ_PER_S:,.1f}"
+            else:  # too large for a float: give orders of magnitude
+                count = f"about 10^{T * math.log10(S):.0f}"
+                seconds = f"about 10^{T * math.log10(S) - math.log10(_NOMINAL_SEQ_PER_S):.0f}"
+            raise TaskTooLargeError(
+                f"exact enumeration of S**T = {S}**{T} = {count} sequences exceeds the limit "
+                f"max_sequences = {self._max_sequences:,} (estimated {seconds} s "
+                f"per exact loss-and-gradient evaluation at ~{_NOMINAL_SEQ_PER_S:.0e} sequences/s; "
+                f"memory stays bounded by the chunk size). Ways out: use a smaller S or T, raise the "
+                f"limit with {type(self).__name__}(graph, prior, max_sequences=...){self._size_guard_hint}."
+            )
+
+    def enumerate(self, chunk_size: int = 2**16) -> Iterator[tuple]:
+        """Yield every sequence with its exact weights, in chunks.
+
+        Parameters
+        ----------
+        chunk_size : int
+            Largest number of sequences per chunk; memory is
+            ``O(chunk_size · (T + S))``.
+
+        Yields
+        ------
+        seqs : ndarray of int64, shape (n, T)
+            Sequences in lexicographic order (query position fastest).
+        w : ndarray of float64, shape (n, S)
+            ``w[m, c] = w(seqs[m], c)``; over all chunks ``Σ w = 1``.
+
+        Raises
+        ------
+        TaskTooLargeError
+            If ``S**T`` exceeds :attr:`max_sequences`.
+        """
+        chunk_size = as_int(chunk_size, "chunk_size", minimum=1)
+        self.check_size()
+        arrays = self.kernel_arrays()
+        n_total, T, S = self.n_sequences, self.T, self.S
+        for start in range(0, n_total, int(chunk_size)):
+            n = min(int(chunk_size), n_total - start)
+            seqs = np.empty((n, T), dtype=np.int64)
+            w = np.empty((n, S), dtype=np.float64)
+            self._fill_chunk(start, arrays, seqs, w)
+            yield seqs, w
+
+    def _fill_chunk(self, start, arrays, seqs, w) -> None:
+        raise NotImplementedError
+
+    def kernel_arrays(self):
+        raise NotImplementedError
+
+    def all_sequences(self):
+        """``(seqs, w)`` for every sequence in one pair of arrays (small tasks)."""
+        return next(iter(self.enumerate(chunk_size=max(1, self.n_sequences))))
+
+    def __repr__(self):
+        return f"{type(self).__name__}(graph={self._graph!r}, prior={self._prior!r})"
+
+
+class Task(ExactTask):
+    """A causal-structure task: a :class:`CausalGraph` and a :class:`FinitePrior`.
+
+    Parameters
+    ----------
+    graph : CausalGraph
+    prior : FinitePrior
+    max_sequences : int, optional
+        Largest ``S**T`` that :meth:`enumerate` (and every exact computation)
+        accepts. Default :data:`DEFAULT_MAX_SEQUENCES`. Constructing a task
+        never enumerates, so large ``T`` is fine for polynomial-cost
+        quantities (the idealized gradient).
+    """
+
+    __slots__ = ()
+    _size_guard_hint = (
+        ", or use the idealized gradient (popgrad.idealized_gradient), whose cost is polynomial in T"
+    )
+
+    def __init__(self, graph: CausalGraph, prior: FinitePrior, max_sequences: int = DEFAULT_MAX_SEQUENCES):
+        if not isinstance(graph, CausalGraph):
+            raise ValueError(f"graph must be a popgrad.CausalGraph, got {type(graph).__name__}")
+        if not isinstance(prior, FinitePrior):
+            raise ValueError(f"prior must be a popgrad.FinitePrior, got {type(prior).__name__}")
+        self._init_common(graph, prior, max_sequences)
+
+    def kernel_arrays(self):
+        """Contiguous arrays the numba kernels take.
+
+        Returns
+        -------
+        parents : int64 (T,)
+        mu : float64 (K, S)
+            Stationary distribution of every atom.
+        atoms : float64 (K, S, S)
+        prior_w : float64 (K,)
+        """
+        return (
+            np.ascontiguousarray(self._graph.parents, dtype=np.int64),
+            np.ascontiguousarray(self._prior.stationary, dtype=np.float64),
+            np.ascontiguousarray(self._prior.atoms, dtype=np.float64),
+            np.ascontiguousarray(self._prior.weights, dtype=np.float64),
+        )
+
+    def _fill_chunk(self, start, arrays, seqs, w) -> None:
+        _weights.chunk_weights(start, *arrays, seqs, w)
+
+    # -------------------------------------------------------------- sampling
+    def sample(self, n: int, seed) -> Sample:
+        """Draw ``n`` sequences and their soft labels from the generative process.
+
+        An atom ``k`` is drawn with probability ``weights[k]``; positions are
+        filled in increasing order (parents come first): non-query roots from
+        ``μ_k``, non-roots from ``π_k(· | s_{p(i)})``, the query uniformly.
+        Deterministic given ``seed``.
+        """
+        n = as_int(n, "n", minimum=1)
+        rng = np.random.default_rng(seed)
+        prior = self._prior
+        S, T = self.S, self.T
+        parents = self._graph.parents
+        k = rng.choice(prior.K, size=n, p=prior.weights)
+        seqs = np.empty((n, T), dtype=np.int64)
+        mu_cdf = np.cumsum(prior.stationary, axis=1)
+        pi_cdf = np.cumsum(prior.atoms, axis=2)
+        for i in range(T - 1):
+            u = rng.random(n)[:, None]
+            cdf = mu_cdf[k] if parents[i] < 0 else pi_cdf[k, seqs[:, parents[i]]]
+            seqs[:, i] = np.minimum((u >= cdf).sum(axis=1), S - 1)
+        seqs[:, T - 1] = rng.integers(0, S, size=n)
+        targets = prior.atoms[k, seqs[:, T - 1]]
+        return Sample(seqs, targets, k.astype(np.int64))
+
+    # --------------------------------------------------------------- summary
+    def summary(self) -> str:
+        """Human-readable description: graph, prior diagnostics, sizes."""
+        return (
+            f"Task S={self.S} T={self.T} sequences S**T={self.n_sequences:,} "
+            f"(limit {self._max_sequences:,})\n{self._graph.summary()}\n{self._prior.summary()}"
+        )
+
+
+
+def decode_sequences(start: int, stop: int, S: int, T: int) -> np.ndarray:
+    """Sequences number ``start .. stop-1`` of the enumeration order, shape ``(stop-start, T)``, int64.
+
+    The NumPy form of the one decoder (:func:`popgrad.task._weights.decode_sequence`):
+    sequence ``m`` is the base-``S`` numeral ``s_0 … s_{T-1}``, position 0 most significant.
+    """
+    powers = S ** np.arange(T - 1, -1, -1, dtype=np.int64)
+    return (np.arange(start, stop, dtype=np.int64)[:, None] // powers) % S
+
+
+def sequence_weights_numpy(seqs, parents, mu, atoms, prior_w) -> np.ndarray:
+    """NumPy reference for the exact weights ``w(s, c)`` of given sequences.
+
+    Parameters
+    ----------
+    seqs : int array (n, T)
+    parents : int array (T,)
+    mu : float64 (K, S)
+    atoms : float64 (K, S, S)
+    prior_w : float64 (K,)
+
+    Returns
+    -------
+    w : float64 (n, S)
+    """
+    seqs = np.asarray(seqs)
+    K, S, _ = atoms.shape
+    n, T = seqs.shape
+    p = np.tile((prior_w / S)[:, None], (1, n))  # (K, n)
+    for i in range(T - 1):
+        par = parents[i]
+        if par < 0:
+            p = p * mu[:, seqs[:, i]]
+        else:
+            p = p * atoms[:, seqs[:, par], seqs[:, i]]
+    return np.einsum("kn,knc->nc", p, atoms[:, seqs[:, T - 1], :])
+
+
+# ===================================================== k-parent task (DESIGN §9)
+# ===================================================================== task
+def parent_rows(seqs, parent_positions, S) -> np.ndarray:
+    """Flat row index ``r = Σ_h s[p_h] S^{k-1-h}`` of given parent positions, shape ``(n,)``."""
+    powers = S ** np.arange(len(parent_positions) - 1, -1, -1, dtype=np.int64)
+    return np.asarray(seqs)[:, np.asarray(parent_positions)] @ powers
+
+
+def sequence_weights_multi_numpy(seqs, parents, target_parents, atoms, prior_w) -> np.ndarray:
+    """NumPy reference for ``w(s, c)`` of the multi-parent process (module docstring).
+
+    Parameters
+    ----------
+    seqs : int array (n, T)
+    parents : int array (T, k)
+    target_parents : int array (k,)
+    atoms : float64 (K, S**k, S)
+    prior_w : float64 (K,)
+
+    Returns
+    -------
+    w : float64 (n, S)
+    """
+    seqs = np.asarray(seqs)
+    K, _, S = atoms.shape
+    n, T = seqs.shape
+    n_roots = int(np.sum(parents[:, 0] < 0))
+    p = np.tile((prior_w * float(S) ** -n_roots)[:, None], (1, n))  # (K, n)
+    for i in range(T):
+        if parents[i, 0] >= 0:
+            p = p * atoms[:, parent_rows(seqs, parents[i], S), seqs[:, i]]
+    rt = parent_rows(seqs, target_parents, S)
+    return np.einsum("kn,knc->nc", p, atoms[:, rt, :])
+
+
+class MultiParentTask(ExactTask):
+    """A multi-parent task: a :class:`MultiParentGraph` and a :class:`TensorPrior` with the same ``k``.
+
+    Parameters
+    ----------
+    graph : MultiParentGraph
+    prior : TensorPrior
+        (A :class:`popgrad.FinitePrior` is accepted when ``k = 1``.)
+    max_sequences : int, optional
+        Largest ``S**T`` exact enumeration accepts (default
+        :data:`popgrad.DEFAULT_MAX_SEQUENCES`, the same guard as
+        :class:`popgrad.Task`).
+    """
+
+    __slots__ = ()
+
+    def __init__(self, graph: MultiParentGraph, prior, max_sequences: int = DEFAULT_MAX_SEQUENCES):
+        if isinstance(graph, CausalGraph):
+            graph = MultiParentGraph.from_single(graph)
+        if not isinstance(graph, MultiParentGraph):
+            raise ValueError(f"graph must be a popgrad.MultiParentGraph, got {type(graph).__name__}")
+        if isinstance(prior, FinitePrior):
+            prior = TensorPrior.from_finite(prior)
+        if not isinstance(prior, TensorPrior):
+            raise ValueError(f"prior must be a popgrad.TensorPrior, got {type(prior).__name__}")
+        if prior.k != graph.k:
+            raise ValueError(
+                f"the prior's tensors have k = {prior.k} parents but the graph has k = {graph.k}: "
+                f"use a prior with k = {graph.k} (e.g. dirichlet_tensor_prior(S, {graph.k}, ...))"
+            )
+        self._init_common(graph, prior, max_sequences)
+
+    # ---------------------------------------------------------- properties
+    @property
+    def k(self) -> int:
+        """Parents per non-root = heads of the model."""
+        return self._graph.k
+
+    def kernel_arrays(self):
+        """Contiguous arrays the kernels take.
+
+        Returns
+        -------
+        parents : int64 (T, k)
+        target_parents : int64 (k,)
+        atoms : float64 (K, S**k, S)
+        pk0 : float64 (K,)
+            ``weights · S^{-|R|}`` (the roots' uniform factors folded in).
+        """
+        n_roots = len(self._graph.roots)
+        return (
+            np.ascontiguousarray(self._graph.parents, dtype=np.int64),
+            np.ascontiguousarray(self._graph.target_parents, dtype=np.int64),
+            np.ascontiguousarray(self._prior.atoms, dtype=np.float64),
+            np.ascontiguousarray(self._prior.weights * float(self.S) ** -n_roots, dtype=np.float64),
+        )
+
+    def _fill_chunk(self, start, arrays, seqs, w) -> None:
+        parents, tp, atoms, pk0 = arrays
+        _weights.chunk_weights_multi(start, parents, tp, atoms, atoms, pk0, seqs, w)
+
+    # ------------------------------------------------------------- sampling
+    def sample(self, n: int, seed) -> Sample:
+        """Draw ``n`` sequences and their soft labels from the process (deterministic given ``seed``).
+
+        Returns a :class:`popgrad.Sample` with ``targets[m] = π(· | s_tp)``.
+        """
+        n = as_int(n, "n", minimum=1)
+        rng = np.random.default_rng(seed)
+        prior, S, T = self._prior, self.S, self.T
+        parents = self._graph.parents
+        m = rng.choice(prior.K, size=n, p=prior.weights)
+        seqs = np.empty((n, T), dtype=np.int64)
+        cdf = np.cumsum(prior.atoms, axis=2)
+        for i in range(T):
+            u = rng.random(n)[:, None]
+            if parents[i, 0] < 0:
+                seqs[:, i] = np.minimum((u * S).astype(np.int64)[:, 0], S - 1)
+            else:
+                rows = parent_rows(seqs, parents[i], S)
+                seqs[:, i] = np.minimum((u >= cdf[m, rows]).sum(axis=1), S - 1)
+        targets = prior.atoms[m, parent_rows(seqs, self._graph.target_parents, S)]
+        return Sample(seqs, targets, m.astype(np.int64))
+
+    def summary(self) -> str:
+        """Graph, prior diagnostics, sizes."""
+        return (
+            f"MultiParentTask S={self.S} T={self.T} k={self.k} sequences S**T={self.n_sequences:,} "
+            f"(limit {self._max_sequences:,})\n{self._graph.summary()}\n{self._prior.summary()}"
+        )

@@ -1,0 +1,539 @@
+"""Algorithm 1 of the paper: two-stage gradient descent, stepped exactly (DESIGN §8).
+
+Stage 1: ``A1(0) = 0``, ``A2 = β0·I`` frozen, ``A1 ← A1 - η1 ∇_{A1} L`` for
+``steps1`` steps. Stage 2: ``A1`` frozen at ``A1(τ1)``,
+``A2 ← A2 - η2 ∇_{A2} L`` for ``steps2`` steps.
+
+Learning rates are given in natural units so that defaults work across
+``S`` and ``T``:
+
+* Stage 1: ``η1 = lr1 · S · T / β0``. The Stage-1 gradient is
+  ``-(β0/(S·T)) J(P_i) (g_i + O(T_eff^{-1/2}))`` (DESIGN §5), so one step moves
+  row ``i`` of ``A1`` by about ``lr1 · J(P_i) g_i``, independent of ``β0``.
+* Stage 2: ``η2 = lr2 · S``. Row ``q`` of ``∇_{A2} L`` only receives the
+  sequences whose query is ``q`` (probability ``1/S``).
+
+The Stage-1 gradient is either ``"exact"`` (enumeration,
+:func:`popgrad.exact_loss_and_grad`) or ``"idealized"``
+(:func:`popgrad.idealized_grad_A1`, polynomial in ``T``). Stage 2 always uses
+the exact gradient. ``schedule="joint"`` instead moves both matrices at
+every step (as the paper's released code does), with the same ``η1``, ``η2``.
+
+Every computation is deterministic, so a run resumed from a checkpoint is
+bit-identical to an uninterrupted one.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+from tqdm import tqdm
+
+from .._io import atomic_savez
+from .._validation import as_int, as_real
+from ..engine.api import exact_loss, exact_loss_and_grad
+from ..model.reduced import first_layer_attention
+from ..engine.field import field_grad_A1, stage1_field
+from ..task.tasks import Task, TaskTooLargeError
+from ..theory.information import idealized_grad_A1
+
+__all__ = ["TrainConfig", "MultiHeadTrainConfig", "Trajectory", "train_two_stage", "attention_to_parent", "load_checkpoint"]
+
+#: Stage-1 gradients: the exact one (enumeration), the exact first-order field (DESIGN §12, any T),
+#: the idealized prediction of Knowl 3 (DESIGN §5, any T).
+GRADIENTS = ("exact", "field", "idealized")
+SCHEDULES = ("two-stage", "joint")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of one run of Algorithm 1 (natural units, see module doc)."""
+
+    beta0: float = 1e-3
+    lr1: float = 2.0
+    steps1: int = 300
+    lr2: float = 2.0
+    steps2: int = 300
+    gradient: str = "exact"
+    schedule: str = "two-stage"
+    record_every: int = 10
+    eps: float | None = None
+    divergence_patience: int = 100
+
+    def eta1(self, task: Task) -> float:
+        """Stage-1 step size ``lr1 · S · T / β0``."""
+        return self.lr1 * task.S * task.T / self.beta0
+
+    def eta2(self, task: Task) -> float:
+        """Stage-2 step size ``lr2 · S``."""
+        return self.lr2 * task.S
+
+    def validate(self) -> "TrainConfig":
+        as_real(self.beta0, "beta0", minimum=0, strict=True)
+        for name in ("lr1", "lr2"):
+            as_real(getattr(self, name), name, minimum=0)
+        for name in ("steps1", "steps2"):
+            as_int(getattr(self, name), name, minimum=0)
+        for name in ("record_every", "divergence_patience"):
+            as_int(getattr(self, name), name, minimum=1)
+        if self.gradient not in GRADIENTS:
+            raise ValueError(f"gradient must be one of {GRADIENTS}, got {self.gradient!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.schedule == "joint" and self.gradient != "exact":
+            raise ValueError("schedule='joint' needs gradient='exact' (the idealized gradient only covers Stage 1)")
+        if self.eps is not None and not (math.isfinite(self.eps) and self.eps >= 0):
+            raise ValueError(f"eps must be None or a finite number >= 0, got {self.eps}")
+        return self
+
+
+@dataclass(frozen=True)
+class MultiHeadTrainConfig(TrainConfig):
+    """:class:`TrainConfig` of a k-head run (:func:`popgrad.train_multi_head`): adds the seeded start.
+
+    ``A1^h(0) = init_scale · N(0, 1)`` from ``numpy.random.default_rng(init_seed)``;
+    ``gradient`` must be ``"exact"``.
+    """
+
+    init_seed: int = 0
+    init_scale: float = 0.1
+
+    def validate(self) -> "MultiHeadTrainConfig":
+        super().validate()
+        if self.gradient != "exact":
+            raise ValueError("gradient must be 'exact' for k heads (there is no idealized k-head gradient)")
+        as_int(self.init_seed, "init_seed", minimum=0)
+        as_real(self.init_scale, "init_scale", minimum=0, hint=" (0 gives identical heads)")
+        return self
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """What a run of :func:`train_two_stage` recorded.
+
+    Arrays are indexed by record ``r``; a record holds the parameters at
+    global step ``step[r]`` (before the update of that step) and the exact
+    quantities there.
+
+    Attributes
+    ----------
+    step : int64 (n,)
+        Global step: ``0..steps1`` is Stage 1 (``steps1`` is ``A1(τ1)``),
+        ``steps1+1 .. steps1+steps2`` Stage 2.
+    stage : int64 (n,)
+        1 or 2 (``schedule='joint'``: 0).
+    loss : float64 (n,)
+        Exact population loss (NaN if the task is too large to enumerate).
+    grad_norm : float64 (n,)
+        Frobenius norm of the gradient of the matrix the stage moves
+        (joint: of both, stacked).
+    cosine : float64 (n,)
+        Cosine between the exact Stage-1 gradient ``∇_{A1} L`` and the
+        idealized prediction at the same ``A1`` (NaN in Stage 2 or when the
+        exact gradient is out of reach).
+    attn_parent : float64 (n, T)
+        ``softmax(A1)[i, p(i)]`` per non-root row, NaN for roots.
+    A1 : float64 (n, T, T)
+    A2 : float64 (n, S, S)
+    status : str
+        ``"completed"`` or ``"diverged"``.
+    message : str
+        Why the run stopped (empty when completed).
+    config : TrainConfig
+    """
+
+    step: np.ndarray
+    stage: np.ndarray
+    loss: np.ndarray
+    grad_norm: np.ndarray
+    cosine: np.ndarray
+    attn_parent: np.ndarray
+    A1: np.ndarray
+    A2: np.ndarray
+    status: str
+    message: str
+    config: TrainConfig = field(default_factory=TrainConfig)
+
+    @property
+    def final_A1(self) -> np.ndarray:
+        return self.A1[-1]
+
+    @property
+    def final_A2(self) -> np.ndarray:
+        return self.A2[-1]
+
+    @property
+    def stage1_end(self) -> int:
+        """Record index of ``A1(τ1)`` (the last Stage-1 record)."""
+        idx = np.flatnonzero(self.stage == 1)
+        return int(idx[-1]) if idx.size else len(self.step) - 1
+
+    def arrays(self) -> dict:
+        """The numeric arrays, for ``np.savez``."""
+        return {
+            k: getattr(self, k)
+            for k in ("step", "stage", "loss", "grad_norm", "cosine", "attn_parent", "A1", "A2")
+        }
+
+    def save(self, path) -> None:
+        """Write ``trajectory.npz`` atomically (arrays + status + config JSON)."""
+        extra = {
+            "status": np.array(self.status),
+            "message": np.array(self.message),
+            "config_json": np.array(json.dumps(asdict(self.config))),
+        }
+        atomic_savez(path, **self.arrays(), **extra)
+
+    @classmethod
+    def load(cls, path) -> "Trajectory":
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in ("step", "stage", "loss", "grad_norm", "cosine", "attn_parent", "A1", "A2")}
+            cfg_dict = json.loads(str(z["config_json"]))
+            cfg = (MultiHeadTrainConfig if "init_seed" in cfg_dict else TrainConfig)(**cfg_dict)
+            return cls(**arrays, status=str(z["status"]), message=str(z["message"]), config=cfg)
+
+
+def attention_to_parent(graph, A1) -> np.ndarray:
+    """``softmax(MASK(A1))[i, p(i)]`` for non-roots, NaN for roots, shape ``(T,)``."""
+    P = first_layer_attention(A1)
+    out = np.full(graph.T, np.nan)
+    nr = graph.non_roots
+    out[nr] = P[nr, graph.parents[nr]]
+    return out
+
+
+def _cos(a, b) -> float:
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 or nb == 0:
+        return float("nan")
+    return float(np.sum(a * b) / (na * nb))
+
+
+# ---------------------------------------------------------------- the loop
+class _State:
+    """Mutable state of a run; everything a checkpoint must hold."""
+
+    def __init__(self, task, cfg):
+        T, S = task.T, task.S
+        self.t = 0
+        self.A1 = np.zeros((T, T))
+        self.A2 = cfg.beta0 * np.eye(S)
+        self.rec = {k: [] for k in ("step", "stage", "loss", "grad_norm", "cosine", "attn_parent", "A1", "A2")}
+        self.increases = 0
+        self.prev_loss = math.inf
+        self.status = "completed"
+        self.message = ""
+        self.done = False  # True once the run has finished (completed or diverged)
+
+    def to_arrays(self):
+        T = self.A1.shape[0]
+        S = self.A2.shape[0]
+        out = {}
+        shapes = {"attn_parent": (0, T), "A1": (0, T, T), "A2": (0, S, S)}
+        for k, v in self.rec.items():
+            if v:
+                out[k] = np.asarray(v)
+            else:
+                out[k] = np.zeros(shapes.get(k, (0,)), dtype=np.int64 if k in ("step", "stage") else float)
+        return out
+
+
+def _checkpoint_payload(state, cfg, task):
+    arrays = {f"rec_{k}": v for k, v in state.to_arrays().items()}
+    meta = {
+        "t": state.t,
+        "increases": state.increases,
+        "prev_loss": state.prev_loss,
+        "done": state.done,
+        "status": state.status,
+        "message": state.message,
+        "config": asdict(cfg),
+        "graph": task.graph.to_string(),
+        "S": task.S,
+        "atoms_fingerprint": _fingerprint(task),
+    }
+    return dict(A1=state.A1, A2=state.A2, meta_json=np.array(json.dumps(meta)), **arrays)
+
+
+def _fingerprint(task) -> str:
+    return task.fingerprint
+
+
+def load_checkpoint(path, task, cfg) -> _State:
+    """Restore the state saved by a checkpoint, checking it belongs to this run."""
+    try:
+        z = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read checkpoint {path}: {exc}") from None
+    with z:
+        meta = json.loads(str(z["meta_json"]))
+        if meta["atoms_fingerprint"] != _fingerprint(task) or meta["config"] != json.loads(json.dumps(asdict(cfg))):
+            raise ValueError(
+                f"checkpoint {path} belongs to a different task or configuration: "
+                "resume with exactly the settings of the original run, or start afresh without --resume"
+            )
+        state = _State(task, cfg)
+        state.t = int(meta["t"])
+        state.increases = int(meta["increases"])
+        state.prev_loss = float(meta["prev_loss"])
+        state.done = bool(meta["done"])
+        state.status = str(meta["status"])
+        state.message = str(meta["message"])
+        state.A1 = np.array(z["A1"])
+        state.A2 = np.array(z["A2"])
+        for k in state.rec:
+            state.rec[k] = list(np.array(z[f"rec_{k}"]))
+    return state
+
+
+def start_state(task, cfg, checkpoint_path, checkpoint_every, resume) -> "_State":
+    """Validate the checkpoint arguments; a fresh :class:`_State`, or the one saved at ``checkpoint_path``."""
+    as_int(checkpoint_every, "checkpoint_every", minimum=0)
+    if not resume:
+        return _State(task, cfg)
+    if checkpoint_path is None:
+        raise ValueError("resume=True needs checkpoint_path")
+    if not os.path.exists(checkpoint_path):
+        raise ValueError(f"no checkpoint at {checkpoint_path} to resume from: run without --resume first")
+    return load_checkpoint(checkpoint_path, task, cfg)
+
+
+def train_two_stage(
+    task: Task,
+    *,
+    beta0: float = TrainConfig.beta0,
+    lr1: float = TrainConfig.lr1,
+    steps1: int = TrainConfig.steps1,
+    lr2: float = TrainConfig.lr2,
+    steps2: int = TrainConfig.steps2,
+    gradient: str = "exact",
+    record_every: int = TrainConfig.record_every,
+    schedule: str = "two-stage",
+    eps: float | None = None,
+    divergence_patience: int = TrainConfig.divergence_patience,
+    checkpoint_path=None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    progress: bool = False,
+) -> Trajectory:
+    """Run Algorithm 1 (or joint training) exactly and record the trajectory.
+
+    Parameters
+    ----------
+    task : Task
+    beta0 : float
+        Initial scale, ``A2(0) = β0·I`` (paper: ``β0 ≤ c T_eff^{-3/2}``).
+    lr1, lr2 : float
+        Learning rates in natural units: ``η1 = lr1·S·T/β0``, ``η2 = lr2·S``.
+    steps1, steps2 : int
+        ``τ1`` and ``τ2``.
+    gradient : {"exact", "field", "idealized"}
+        Stage-1 gradient. ``"field"``: the exact first-order (in ``β0``)
+        gradient ``-(β0/T) J(P_i) M_i`` of the Stage-1 field ``M``
+        (:func:`popgrad.stage1_field`, computed once; DESIGN §12), so a step
+        is ``A1_i += lr1·S·J(P_i) M_i``. ``"idealized"``: the prediction
+        ``-(β0/(S·T)) J(P_i) g_i`` of Knowl 3. Both work for tasks too large
+        to enumerate when ``steps2 = 0`` (losses are then NaN; the recorded
+        cosine is then field-vs-idealized).
+    record_every : int
+        Record every this many steps (and always the first and last step of
+        each stage).
+    schedule : {"two-stage", "joint"}
+        ``"joint"`` moves A1 and A2 together for ``steps1 + steps2`` steps.
+    eps : float, optional
+        Loss perturbation; default ``T_eff ** -0.5``.
+    divergence_patience : int
+        Stop (status ``"diverged"``) after this many consecutive loss
+        increases, or at once on a non-finite loss or parameter.
+    checkpoint_path : path, optional
+        Where to write a checkpoint (atomically) every ``checkpoint_every``
+        steps and at the end.
+    resume : bool
+        Continue from ``checkpoint_path`` (bit-identical to an uninterrupted run).
+    progress : bool
+        Show a tqdm progress bar (only when stderr is a terminal).
+
+    Returns
+    -------
+    Trajectory
+    """
+    if not isinstance(task, Task):
+        raise ValueError(f"task must be a popgrad.Task, got {type(task).__name__}")
+    cfg = TrainConfig(
+        beta0=beta0, lr1=lr1, steps1=steps1, lr2=lr2, steps2=steps2, gradient=gradient,
+        schedule=schedule, record_every=record_every, eps=eps, divergence_patience=divergence_patience,
+    ).validate()
+    enumerable = task.n_sequences <= task.max_sequences
+    if not enumerable and (cfg.gradient == "exact" or cfg.steps2 > 0 or cfg.schedule == "joint"):
+        what = ("Stage 2 (steps2 > 0)" if cfg.steps2 > 0 else "joint training") if cfg.gradient != "exact" \
+            else "the exact Stage-1 gradient"
+        try:
+            task.check_size()
+        except TaskTooLargeError as exc:
+            raise TaskTooLargeError(
+                f"{what} needs the exact population: {exc} For Stage 1 alone at any T: gradient='field' "
+                "(or 'idealized') with steps2=0."
+            ) from None
+    state = start_state(task, cfg, checkpoint_path, checkpoint_every, resume)
+
+    graph = task.graph
+    field_M = stage1_field(task, cfg.eps).M if cfg.gradient == "field" else None
+
+    def evaluate(t, stage, record) -> StepValues:
+        # Stage 2, joint training and the step that starts Stage 2 need the exact gradient.
+        needs_exact = cfg.gradient == "exact" or stage != 1 or cfg.steps1 <= t < cfg.steps1 + cfg.steps2
+        loss = float("nan")
+        exact = None
+        if needs_exact:
+            exact = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps)
+            loss = exact.loss
+        elif record and enumerable:
+            loss = exact_loss(task, state.A1, state.A2, cfg.eps)
+        dA1 = dA2 = None
+        if stage == 1 or cfg.schedule == "joint":
+            if cfg.gradient == "idealized" and stage == 1:
+                dA1 = idealized_grad_A1(task, state.A1, cfg.beta0)
+            elif cfg.gradient == "field" and stage == 1:
+                dA1 = field_grad_A1(field_M, state.A1, cfg.beta0)
+            else:
+                dA1 = exact.dA1
+        if exact is not None:
+            dA2 = exact.dA2
+        cosine = float("nan")
+        if record and stage == 1:
+            if cfg.gradient == "exact":
+                exact_dA1, ideal = dA1, idealized_grad_A1(task, state.A1, cfg.beta0)
+            elif cfg.gradient == "field":  # the exact first-order gradient against Knowl 3's prediction
+                exact_dA1, ideal = dA1, idealized_grad_A1(task, state.A1, cfg.beta0)
+            else:
+                ideal = dA1
+                exact_dA1 = None
+                if exact is not None:
+                    exact_dA1 = exact.dA1
+                elif enumerable:
+                    exact_dA1 = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps).dA1
+            if exact_dA1 is not None:
+                cosine = _cos(exact_dA1, ideal)
+        return StepValues(loss, dA1, dA2, cosine, exact is not None)
+
+    return run_schedule(
+        task, cfg, state, evaluate, lambda A1: attention_to_parent(graph, A1),
+        eta1=cfg.eta1(task), eta2=cfg.eta2(task), checkpoint_path=checkpoint_path,
+        checkpoint_every=checkpoint_every, progress=progress,
+    )
+
+
+class StepValues(NamedTuple):
+    """What one step of a schedule evaluates at the current parameters.
+
+    Attributes
+    ----------
+    loss : float
+        Exact population loss (NaN when not computed).
+    dA1, dA2 : ndarray or None
+        The gradients the step may apply (``None`` when the stage does not need one).
+    cosine : float
+        Exact-vs-idealized Stage-1 cosine (NaN when not measured).
+    loss_is_exact : bool
+        Whether ``loss`` was computed (a NaN then means divergence).
+    """
+
+    loss: float
+    dA1: object
+    dA2: object
+    cosine: float
+    loss_is_exact: bool
+
+
+def run_schedule(task, cfg, state, evaluate, attention, *, eta1, eta2, checkpoint_path, checkpoint_every, progress):
+    """The gradient-descent loop shared by :func:`train_two_stage` and ``train_multi_head``.
+
+    ``evaluate(t, stage, record) -> StepValues`` computes what step ``t``
+    needs at ``state.A1, state.A2``; ``attention(A1)`` gives the recorded
+    attention-to-parent array. The loop records, stops on divergence
+    (non-finite values, or ``cfg.divergence_patience`` consecutive loss
+    increases), applies the update of the schedule (two-stage: ``A1`` for
+    ``t < steps1``, then ``A2``; joint: both), writes checkpoints and
+    returns the :class:`Trajectory`.
+    """
+    total = cfg.steps1 + cfg.steps2
+    joint = cfg.schedule == "joint"
+    bar = None
+    if progress and sys.stderr.isatty():
+        bar = tqdm(total=total, initial=state.t, desc="popgrad", unit="step", file=sys.stderr)
+
+    def stage_of(t):
+        if joint:
+            return 0
+        return 1 if t <= cfg.steps1 else 2
+
+    def should_record(t):
+        if t in (0, cfg.steps1, total) or (not joint and t == cfg.steps1 + 1):
+            return True
+        return t % cfg.record_every == 0
+
+    while not state.done:
+        t = state.t
+        stage = stage_of(t)
+        record = should_record(t)
+        step = evaluate(t, stage, record)
+        loss = step.loss
+        if record:
+            if stage == 1:
+                gnorm = float(np.linalg.norm(step.dA1))
+            elif stage == 2:
+                gnorm = float(np.linalg.norm(step.dA2))
+            else:
+                gnorm = float(np.sqrt(np.sum(step.dA1**2) + np.sum(step.dA2**2)))
+            for key, value in (
+                ("step", t), ("stage", stage), ("loss", loss), ("grad_norm", gnorm), ("cosine", step.cosine),
+                ("attn_parent", attention(state.A1)), ("A1", state.A1.copy()), ("A2", state.A2.copy()),
+            ):
+                state.rec[key].append(value)
+        # --- divergence
+        finite_params = np.all(np.isfinite(state.A1)) and np.all(np.isfinite(state.A2))
+        if not finite_params or (step.loss_is_exact and math.isnan(loss)):
+            state.status = "diverged"
+            state.message = f"non-finite loss or parameters at step {t}: lower lr1/lr2"
+            break
+        if not math.isnan(loss):
+            if math.isinf(loss):
+                state.status = "diverged"
+                state.message = f"infinite loss at step {t} (eps = 0 and a token got zero mass?)"
+                break
+            state.increases = state.increases + 1 if loss > state.prev_loss else 0
+            state.prev_loss = loss
+            if state.increases >= cfg.divergence_patience:
+                state.status = "diverged"
+                state.message = (
+                    f"loss increased for {state.increases} consecutive steps (step {t}, loss {loss:.6g}): "
+                    "lower lr1/lr2"
+                )
+                break
+        if t == total:
+            break
+        # --- update (step t -> t+1)
+        if joint:
+            state.A1 = state.A1 - eta1 * step.dA1
+            state.A2 = state.A2 - eta2 * step.dA2
+        elif t < cfg.steps1:
+            state.A1 = state.A1 - eta1 * step.dA1
+        else:
+            state.A2 = state.A2 - eta2 * step.dA2
+        state.t = t + 1
+        if bar is not None:
+            bar.update(1)
+        if checkpoint_path is not None and checkpoint_every and state.t % checkpoint_every == 0:
+            atomic_savez(checkpoint_path, **_checkpoint_payload(state, cfg, task))
+
+    state.done = True
+    if bar is not None:
+        bar.close()
+    if checkpoint_path is not None:
+        atomic_savez(checkpoint_path, **_checkpoint_payload(state, cfg, task))
+    return Trajectory(**state.to_arrays(), status=state.status, message=state.message, config=cfg)

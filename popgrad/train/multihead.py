@@ -1,0 +1,181 @@
+"""Training the k-head model exactly: stage-wise (Algorithm 1 with k heads) or joint (DESIGN §8, §9).
+
+Initialization breaks the head symmetry deterministically: with identical
+heads the gradients of the heads are identical (the loss is symmetric under
+permuting heads), so identical heads stay identical forever. popgrad starts
+from::
+
+    A1^h(0) = init_scale · Z^h   (lower triangle incl. the diagonal; Z^h i.i.d. N(0, 1)
+                                  from numpy.random.default_rng(init_seed), heads in order)
+    A2^h(0) = β0 · I
+
+``init_scale = 0`` gives identical heads (and they stay identical: tested).
+
+Schedules (learning rates in the natural units of :mod:`popgrad.dynamics`,
+``η1 = lr1·S·T/β0``, ``η2 = lr2·S``):
+
+* ``"two-stage"``: Stage 1 moves every ``A1^h`` with ``A2`` frozen at
+  ``β0·I`` for ``steps1`` steps; Stage 2 moves every ``A2^h`` with ``A1``
+  frozen for ``steps2`` steps.
+* ``"joint"``: both move at every step for ``steps1 + steps2`` steps, with
+  ``η1 = lr1·S·T`` (no ``1/β0``: ``A2`` leaves its initial scale at once)
+  and ``η2``; this is how the paper's released code trains the multi-parent
+  model (jointly, with Adam; popgrad uses exact full-batch gradient descent).
+
+What the reduced k-head model learns depends on the schedule. Its query is
+the soft vector ``Q^h = P^h[T-1,:] X``: at initialization ``P^h[T-1,:]`` is
+nearly uniform, so ``Q^h`` is the sequence's token histogram and the
+first-order (small-``β0``) gradient of ``A1^h`` rewards keys whose token is
+frequent in the sequence, i.e. the diagonal (a unigram/copy solution).
+Stage-wise training at small ``β0`` therefore tends to the diagonal. Joint
+training at ``β0 = 2`` lets the query rows and the key rows co-adapt; what
+it reaches was measured (``examples/multi_parent.py``, S = 2, T = 12,
+Dirichlet(1) tensors closed under ``symmetrize="full"``): on the 3-gram the
+two heads split the parents one-to-one from a random start, on the paper's
+two-parent graph they settle in a mixed local minimum (one head mostly on
+``i-1``) whose loss is above that of the specialized solution, which is a
+stable minimum when started near the construction. Priors with few atoms
+(or relabeling closure only, whose ``E[π]`` is not uniform) add
+"copy a token" shortcuts that training finds first.
+
+Returns the :class:`popgrad.Trajectory` of the single-parent dynamics with
+per-head arrays: ``A1 (n, k, T, T)``, ``A2 (n, k, S, S)``,
+``attn_parent (n, k, T)`` (head ``h``'s attention on slot ``h``'s parent,
+:func:`attention_to_slot_parents`), ``cosine`` all NaN (no idealized
+gradient for k heads). Checkpoint/resume and divergence detection are those
+of :func:`popgrad.train_two_stage` (same machinery).
+"""
+from __future__ import annotations
+
+
+import numpy as np
+
+from ..engine.api import exact_loss_and_grad
+from ..model.multihead import head_attention
+from ..task.tasks import MultiParentTask
+from .algorithm1 import MultiHeadTrainConfig, StepValues, Trajectory, run_schedule, start_state
+
+__all__ = ["MultiHeadTrainConfig", "train_multi_head", "initial_parameters", "attention_to_slot_parents"]
+
+
+def initial_parameters(task: MultiParentTask, beta0: float, init_seed: int, init_scale: float):
+    """The deterministic symmetry-breaking start (module docstring).
+
+    Returns
+    -------
+    A1 : float64 (k, T, T)
+        ``init_scale · N(0, 1)`` on and below each diagonal, 0 above.
+    A2 : float64 (k, S, S)
+        ``β0 · I`` for every head.
+    """
+    k, T, S = task.k, task.T, task.S
+    rng = np.random.default_rng(init_seed)
+    A1 = init_scale * rng.standard_normal((k, T, T))
+    A1 = np.where(np.tri(T, dtype=bool), A1, 0.0)
+    A2 = np.stack([beta0 * np.eye(S) for _ in range(k)])
+    return A1, A2
+
+
+def attention_to_slot_parents(graph, A1) -> np.ndarray:
+    """``softmax(A1^h)[i, slot_parents(h)[i]]`` per head and row, NaN where the slot has no parent.
+
+    Returns
+    -------
+    float64 (k, T)
+        Row ``T-1`` measures attention on the target's ``h``-th parent.
+    """
+    P = head_attention(A1)
+    out = np.full((graph.k, graph.T), np.nan)
+    for h in range(graph.k):
+        par = graph.slot_parents(h)
+        rows = np.flatnonzero(par >= 0)
+        out[h, rows] = P[h, rows, par[rows]]
+    return out
+
+
+def train_multi_head(
+    task: MultiParentTask,
+    *,
+    beta0: float = 2.0,
+    lr1: float = 2.0,
+    steps1: int = 3000,
+    lr2: float = 1.0,
+    steps2: int = 0,
+    schedule: str = "joint",
+    init_seed: int = 0,
+    init_scale: float = 0.1,
+    A1_init=None,
+    record_every: int = 10,
+    eps: float | None = None,
+    divergence_patience: int = 100,
+    checkpoint_path=None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+    progress: bool = False,
+) -> Trajectory:
+    """Train the k-head model exactly and record the trajectory.
+
+    Parameters
+    ----------
+    task : MultiParentTask
+    beta0 : float
+        ``A2^h(0) = β0·I``.
+    lr1, lr2 : float
+        Natural-unit learning rates (module docstring).
+    steps1, steps2 : int
+        Stage lengths (``"joint"``: ``steps1 + steps2`` joint steps).
+    schedule : {"joint", "two-stage"}
+    init_seed : int
+        Seed of the symmetry-breaking ``A1(0)``.
+    init_scale : float
+        Standard deviation of ``A1(0)`` (``0``: identical heads).
+    A1_init : array_like, shape (k, T, T), optional
+        Start from this ``A1`` instead (e.g. a weak construction, to test
+        whether a solution is a stable minimum); ``init_seed`` and
+        ``init_scale`` are then unused. Not part of the checkpoint's
+        configuration check.
+    record_every : int
+        Record every this many steps (and the first/last step of each stage).
+    eps : float, optional
+        Loss perturbation; default ``T_eff ** -0.5``.
+    divergence_patience : int
+        Stop after this many consecutive loss increases (or at once on a
+        non-finite loss or parameter).
+    checkpoint_path, checkpoint_every, resume, progress
+        As in :func:`popgrad.train_two_stage`.
+
+    Returns
+    -------
+    Trajectory
+        ``A1 (n, k, T, T)``, ``A2 (n, k, S, S)``, ``attn_parent (n, k, T)``,
+        ``cosine`` NaN; ``config`` is a :class:`MultiHeadTrainConfig`.
+    """
+    if not isinstance(task, MultiParentTask):
+        raise ValueError(f"task must be a popgrad.MultiParentTask, got {type(task).__name__}")
+    cfg = MultiHeadTrainConfig(
+        beta0=beta0, lr1=lr1, steps1=steps1, lr2=lr2, steps2=steps2, gradient="exact", schedule=schedule,
+        record_every=record_every, eps=eps, divergence_patience=divergence_patience,
+        init_seed=init_seed, init_scale=init_scale,
+    ).validate()
+    task.check_size()
+    state = start_state(task, cfg, checkpoint_path, checkpoint_every, resume)
+    if not resume:
+        state.A1, state.A2 = initial_parameters(task, cfg.beta0, cfg.init_seed, cfg.init_scale)
+        if A1_init is not None:
+            A1_init = np.array(A1_init, dtype=np.float64)
+            if A1_init.shape != state.A1.shape or not np.all(np.isfinite(A1_init)):
+                raise ValueError(f"A1_init must be a finite array of shape (k, T, T) = {state.A1.shape}, "
+                                 f"got shape {A1_init.shape}")
+            state.A1 = A1_init
+
+    joint = cfg.schedule == "joint"
+
+    def evaluate(t, stage, record) -> StepValues:
+        res = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps)
+        return StepValues(res.loss, res.dA1, res.dA2, float("nan"), True)
+
+    return run_schedule(
+        task, cfg, state, evaluate, lambda A1: attention_to_slot_parents(task.graph, A1),
+        eta1=cfg.lr1 * task.S * task.T if joint else cfg.eta1(task), eta2=cfg.eta2(task),
+        checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, progress=progress,
+    )

@@ -1,0 +1,173 @@
+"""The main job ``popgrad run``: files written, config precedence, user errors."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import popgrad as pg
+from popgrad.app import cli, jobs
+
+FILES = ["report.json", "report.md", "trajectory.npz", "attention.png", "loss.png",
+         "gradient_cosine.png", "attention_to_parent.png", "checkpoint.npz"]
+TINY = ["--graph", "chain", "--S", "2", "--T", "5", "--atoms", "2", "--steps1", "30", "--steps2", "20",
+        "--no-progress"]
+
+
+def test_run_writes_every_file(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["run", *TINY, "--sweep", "--out", str(out)]) == 0
+    for name in FILES:
+        assert (out / name).is_file(), name
+    assert not [f for f in os.listdir(out) if f.startswith(".tmp")]
+    report = json.loads((out / "report.json").read_text())
+    names = [c["name"] for c in report["checks"]]
+    assert names == ["graph_recovery", "gradient_alignment", "loss_convergence", "ood_generalization", "roots_uniform"]
+    for c in report["checks"]:
+        assert set(c) >= {"value", "threshold", "passed", "comparison"}
+    assert report["config"]["S"] == 2 and report["versions"]["numpy"] == np.__version__
+    assert "exact for this finite prior" in report["task"]["note"]
+    assert "loss_sweep" in report
+    md = (out / "report.md").read_text()
+    assert "| graph_recovery |" in md
+    assert "report.md" in capsys.readouterr().out
+
+
+def test_config_file_and_flag_precedence(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('S = 2\nT = 4\nsteps1 = 3\nsteps2 = 2\nalpha = 2\ngraph = "icl"\n')
+    out = tmp_path / "o"
+    assert cli.main(["run", "--config", str(cfg), "--T", "5", "--no-sweep", "--no-progress", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["T"] == 5 and report["config"]["S"] == 2 and report["config"]["graph"] == "icl"
+    assert report["config"]["alpha"] == 2.0
+
+
+def test_resume_continues(tmp_path):
+    out = tmp_path / "r"
+    args = ["run", *TINY, "--no-sweep", "--out", str(out)]
+    assert cli.main(args) == 0
+    first = np.load(out / "trajectory.npz")["loss"]
+    assert cli.main(args + ["--resume"]) == 0
+    np.testing.assert_array_equal(np.load(out / "trajectory.npz")["loss"], first)
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--graph", "-1,0,5,-1"], "parents[2] = 5 must be < 2"),
+        (["--graph", "tree"], "unknown --graph"),
+        (["--graph", "-1,x,-1"], "comma-separated integers"),
+        (["--S", "1"], "--S 1 is out of range"),
+        (["--S", "40"], "--S 40 is out of range"),
+        (["--T", "1"], "--T 1 is out of range"),
+        (["--T", "40"], "S**T = 3**40"),
+        (["--alpha", "-1"], "--alpha -1.0 must be > 0"),
+        (["--config", "/nonexistent/x.toml"], "cannot read config file"),
+        (["--lr1", "-2"], "lr1 must be"),
+        (["--steps1", "-2"], "steps1 must be"),
+        (["--beta0", "0"], "beta0 must be"),
+    ],
+)
+def test_bad_input_one_line_error_and_nothing_written(tmp_path, capsys, argv, needle):
+    out = tmp_path / "never"
+    assert cli.main(["run", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_bad_toml(tmp_path, capsys):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("S = = 3\n")
+    assert cli.main(["run", "--config", str(cfg), "--out", str(tmp_path / "x")]) == 2
+    assert "not valid TOML" in capsys.readouterr().err
+    cfg.write_text("colour = 3\n")
+    assert cli.main(["run", "--config", str(cfg), "--out", str(tmp_path / "x")]) == 2
+    assert "unknown key 'colour'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_summary_command(capsys):
+    assert cli.main(["summary", "--S", "2", "--T", "4"]) == 0
+    assert "exact weight total" in capsys.readouterr().out
+
+
+def test_default_task_checks_pass(tmp_path):
+    """The built-in default (chain, S=3, T=10, exact) passes every theorem check."""
+    cfg = dict(jobs.DEFAULTS, out=str(tmp_path / "default"))
+    report = jobs.run(cfg, progress=False, log=lambda *a: None)
+    failed = [c["name"] for c in report["checks"] if not c["passed"]]
+    assert not failed, failed
+    assert report["trajectory"]["status"] == "completed"
+    assert report["loss_sweep"]["fitted_exponent"] < 0
+
+
+# ======================================================== the main job (CLI)
+MULTI_FILES = ["report.json", "report.md", "trajectory.npz", "attention.png", "loss.png", "attention_to_parent.png",
+               "checkpoint.npz"]
+
+
+@pytest.mark.parametrize("graph_args, k", [(["--graph", "ngram", "--n", "3"], 2), (["--graph", "two-parent"], 2),
+                                           (["--graph", "ngram", "--n", "4", "--T", "8"], 3)])
+def test_run_multi_parent_writes_the_report(tmp_path, capsys, graph_args, k):
+    import json
+    import os
+
+    out = tmp_path / "run"
+    assert cli.main(["run", *graph_args, "--steps1", "20", "--no-progress", "--out", str(out)]) == 0
+    for name in MULTI_FILES:
+        assert (out / name).is_file(), name
+    assert not [f for f in os.listdir(out) if f.startswith(".tmp")]
+    report = json.loads((out / "report.json").read_text())
+    checks_ = {c["name"]: c for c in report["checks"]}
+    assert list(checks_) == ["head_specialization", "gradient_alignment", "loss_convergence", "ood_generalization",
+                             "roots_uniform"]
+    assert checks_["gradient_alignment"]["applicable"] is False and checks_["gradient_alignment"]["value"] is None
+    assert checks_["head_specialization"]["applicable"] is True
+    assert report["config"]["schedule"] == "joint" and report["multi_parent"]["k"] == k
+    assert report["all_passed"] == all(c["passed"] for c in report["checks"] if c["applicable"])
+    traj = pg.Trajectory.load(out / "trajectory.npz")
+    assert traj.A1.shape[1:] == (k, report["task"]["T"], report["task"]["T"])
+    md = (out / "report.md").read_text()
+    assert "| gradient_alignment | n/a |" in md and "| head_specialization |" in md
+    assert "[N/A ] gradient_alignment" in capsys.readouterr().out
+
+
+def test_run_multi_parent_resume_and_flag_precedence(tmp_path):
+    out = tmp_path / "r"
+    args = ["run", "--graph", "two-parent", "--T", "6", "--S", "3", "--atoms", "1", "--schedule", "two-stage",
+            "--beta0", "0.5", "--steps1", "4", "--steps2", "3", "--no-progress", "--out", str(out)]
+    assert cli.main(args) == 0
+    first = np.load(out / "trajectory.npz")["loss"]
+    assert cli.main(args + ["--resume"]) == 0
+    np.testing.assert_array_equal(np.load(out / "trajectory.npz")["loss"], first)
+    import json
+
+    cfg = json.loads((out / "report.json").read_text())["config"]
+    assert cfg["S"] == 3 and cfg["T"] == 6 and cfg["schedule"] == "two-stage" and cfg["beta0"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--graph", "ngram", "--n", "1"], "--n 1 is out of range for --graph ngram"),
+        (["--graph", "ngram", "--n", "13"], "--n 13 is out of range"),
+        (["--graph", "two-parent", "--gradient", "idealized"], "not available for multi-parent graphs"),
+        (["--graph", "two-parent", "--T", "30"], "S**T = 2**30"),
+        (["--graph", "tree"], "ngram (with --n), two-parent"),
+    ],
+)
+def test_run_multi_parent_user_errors(tmp_path, capsys, argv, needle):
+    out = tmp_path / "never"
+    assert cli.main(["run", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_summary_of_a_multi_parent_task(capsys):
+    assert cli.main(["summary", "--graph", "ngram", "--n", "3", "--T", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "MultiParentTask" in out and "exact weight total:" in out
