@@ -25,7 +25,7 @@ except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
 from .. import __version__
-from ..train.algorithm1 import GRADIENTS, SCHEDULES
+from ..train.algorithm1 import GRADIENTS, SCHEDULES, STAGE2_METHODS
 from .jobs import DEFAULTS, MULTI_PARENT_DEFAULTS, MULTI_PARENT_GRAPHS, CLIError, build_task, run
 
 
@@ -35,7 +35,7 @@ def _types():
         "graph": str, "S": int, "T": int, "alpha": float, "atoms": int, "seed": int, "uniform_mean": bool, "beta0": float,
         "lr1": float, "steps1": int, "lr2": float, "steps2": int, "gradient": str, "schedule": str,
         "record_every": int, "checkpoint_every": int, "sweep": bool, "out": str, "max_sequences": int,
-        "n": int,
+        "n": int, "stage2": str, "samples": int, "sample_seed": int,
     }
 
 
@@ -105,9 +105,17 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--steps1", type=int, help="Stage-1 steps tau1 (default 300)")
     r.add_argument("--lr2", type=float, help="Stage-2 rate, natural units: eta2 = lr2*S (default 2)")
     r.add_argument("--steps2", type=int, help="Stage-2 steps tau2 (default 300)")
-    r.add_argument("--gradient", choices=GRADIENTS, help="Stage-1 gradient: exact (enumeration), field (exact first-order "
-                                                      "field, any T) or idealized (Knowl 3) (default exact)")
+    r.add_argument("--gradient", choices=("auto",) + GRADIENTS,
+                   help="Stage-1 gradient: exact (enumeration), field (the exact first-order field, any T) or "
+                        "idealized (Knowl 3); default auto: exact when S**T <= --max-sequences, else field")
     r.add_argument("--schedule", choices=SCHEDULES, help="Algorithm 1 or joint training")
+    r.add_argument("--stage2", choices=("auto",) + STAGE2_METHODS,
+                   help="Stage 2 on the exact population, or sampled (sample-average approximation on a fixed "
+                        "sample; every number it gives is labelled sampled, with its standard error); default auto: "
+                        "exact when S**T <= --max-sequences")
+    r.add_argument("--samples", type=int, help="sample size of a sampled Stage 2 (default 0: chosen from a pilot "
+                                               "sample so that the loss's standard error is <= 1e-3)")
+    r.add_argument("--sample-seed", dest="sample_seed", type=int, help="seed of the Stage-2 sample (default 0)")
     r.add_argument("--record-every", dest="record_every", type=int, help="record every N steps (default 10)")
     r.add_argument("--checkpoint-every", dest="checkpoint_every", type=int, help="checkpoint every N steps (default 100)")
     r.add_argument("--sweep", dest="sweep", action="store_true", default=None, help="run the T sweeps (default)")

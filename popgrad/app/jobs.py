@@ -33,6 +33,8 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
+
 from .. import checks as C
 from .._validation import is_int
 from ..task import (
@@ -48,7 +50,16 @@ from ..task import (
     random_tree,
     two_parent,
 )
-from ..train.algorithm1 import GRADIENTS, SCHEDULES, MultiHeadTrainConfig, TrainConfig, train_two_stage
+from ..engine.sampled import SampledObjective, sampled_reference_losses
+from ..theory.baselines import optimal_loss
+from ..train.algorithm1 import (
+    GRADIENTS,
+    SCHEDULES,
+    STAGE2_METHODS,
+    MultiHeadTrainConfig,
+    TrainConfig,
+    train_two_stage,
+)
 from ..train.multihead import train_multi_head
 from .plots import (
     plot_attention,
@@ -81,7 +92,10 @@ DEFAULTS = dict(
     steps1=300,
     lr2=2.0,
     steps2=300,
-    gradient="exact",
+    gradient="auto",
+    stage2="auto",
+    samples=0,
+    sample_seed=0,
     schedule="two-stage",
     record_every=10,
     checkpoint_every=100,
@@ -94,7 +108,7 @@ DEFAULTS = dict(
 TASK_KEYS = ("graph", "S", "T", "alpha", "atoms", "seed")
 
 
-MAX_S = 8
+MAX_S = 16
 
 
 MAX_T = 4096
@@ -197,21 +211,99 @@ def _train_kwargs(cfg: dict, multi: bool) -> dict:
     if multi:
         kw["init_seed"] = cfg["seed"]
     else:
-        kw["gradient"] = cfg["gradient"]
+        kw.update(gradient=cfg["gradient"], stage2=cfg["stage2"], samples=cfg["samples"],
+                  sample_seed=cfg["sample_seed"])
     return kw
 
 
-def _checks_single(cfg, task, traj, A1_hat, refs):
+def resolve_methods(cfg: dict, task) -> None:
+    """Fix ``cfg["gradient"]`` and ``cfg["stage2"]`` for this task ("auto" resolved), or a one-line error.
+
+    ``gradient="auto"``: ``exact`` when the task can be enumerated, else ``field`` (the exact
+    first-order Stage-1 gradient, DESIGN §12). ``stage2="auto"``: ``exact`` when the task can be
+    enumerated, else ``sampled`` (sample-average approximation, every number it gives is labelled
+    sampled with its standard error).
+    """
+    multi = isinstance(task, MultiParentTask)
+    enumerable = task.n_sequences <= task.max_sequences
+    size = f"S**T = {task.S}**{task.T} = {_count(task)} sequences (over --max-sequences {task.max_sequences:,})"
+    if multi:
+        if cfg["gradient"] not in ("auto", "exact"):
+            raise CLIError(f"--gradient {cfg['gradient']} is not available for multi-parent graphs: use exact")
+        if cfg["stage2"] == "sampled":
+            raise CLIError("--stage2 sampled is not available for multi-parent graphs: use exact")
+        cfg["gradient"], cfg["stage2"] = "exact", "exact"
+        return
+    if cfg["gradient"] == "auto":
+        cfg["gradient"] = "exact" if enumerable else "field"
+    if cfg["gradient"] not in GRADIENTS:
+        raise CLIError(f"--gradient {cfg['gradient']!r}: use {' or '.join(GRADIENTS)}")
+    if cfg["stage2"] == "auto":
+        cfg["stage2"] = "exact" if enumerable else "sampled"
+    if cfg["stage2"] not in STAGE2_METHODS:
+        raise CLIError(f"--stage2 {cfg['stage2']!r}: use {' or '.join(STAGE2_METHODS)}")
+    if not enumerable and cfg["gradient"] == "exact":
+        raise CLIError(f"--gradient exact needs {size}: use --gradient field (exact to first order, any T), "
+                       "a smaller S or T, or a larger --max-sequences")
+    if not enumerable and cfg["stage2"] == "exact" and cfg["steps2"] > 0:
+        raise CLIError(f"--stage2 exact needs {size}: use --stage2 sampled (the default beyond enumeration), "
+                       "--steps2 0, a smaller S or T, or a larger --max-sequences")
+    if not enumerable and cfg["schedule"] == "joint":
+        raise CLIError(f"--schedule joint needs {size}: use --schedule two-stage")
+
+
+def _count(task) -> str:
+    n = task.n_sequences
+    return f"{n:,}" if n < 10**15 else f"about 10^{task.T * np.log10(task.S):.0f}"
+
+
+def _references(cfg, task, traj):
+    """Reference losses, each ``{"value", "kind": "exact"|"sampled"[, "se", "n"]}``; and the Stage-2 objective."""
+    enumerable = task.n_sequences <= task.max_sequences
+    objective = None
+    if enumerable:
+        refs = {k: ({"value": v, "kind": "exact"} if k != "eps" else v) for k, v in C.reference_losses(task).items()}
+    else:
+        eps = task.default_eps
+        refs = {"eps": eps, "L_star": {"value": optimal_loss(task), "kind": "exact"},
+                "L_star_eps": {"value": optimal_loss(task, eps=eps), "kind": "exact"}}
+    if cfg.get("stage2") == "sampled" and traj.stage2_samples:
+        objective = SampledObjective(task, traj.stage2_samples, cfg["sample_seed"])
+        sampled = sampled_reference_losses(objective, traj.final_A1, traj.final_A2)
+        for k, v in sampled.items():
+            refs[k if k not in refs else k + "_sampled"] = v
+    return refs, objective
+
+
+def _checks_single(cfg, task, traj, A1_hat, refs, objective=None):
     family = graph_family(cfg["graph"], cfg["seed"])
-    T_sweep = list(range(max(4, (task.T + 1) // 2), task.T + 1)) if cfg["sweep"] and family else None
+    enumerable = task.n_sequences <= task.max_sequences
+    exact_stage2 = objective is None
+    T_sweep = list(range(max(4, (task.T + 1) // 2), task.T + 1)) if cfg["sweep"] and family and enumerable \
+        and exact_stage2 else None
+    if family is not None and cfg["sweep"]:  # Knowl 3 at T_eff up to 200-1000: the exact first-order field
+        alignment = C.check_alignment_rate(family, task.prior, name="gradient_alignment")
+    elif enumerable:
+        alignment = C.check_gradient_alignment(task, traj)
+    else:
+        alignment = C.not_applicable("gradient_alignment", "S*M_i = g_i + O(T_eff^-1/2) (Knowl 3)",
+                                     "needs a graph family over T (chain, icl, random) and the sweep")
+    exact_refs = {k: (v["value"] if isinstance(v, dict) else v) for k, v in refs.items()} if enumerable else None
     results = [
         C.check_graph_recovery(task, A1_hat),
-        C.check_gradient_alignment(task, traj, family, T_sweep),
-        C.check_loss_convergence(task, traj.final_A1, traj.final_A2, cfg["beta0"], references=refs),
-        C.check_ood(task, traj.final_A1, traj.final_A2),
+        alignment,
+        C.check_field_dpi(task),
+        C.check_loss_convergence(task, traj.final_A1, traj.final_A2, cfg["beta0"], references=exact_refs)
+        if exact_stage2 else C.check_loss_convergence_sampled(objective, traj.final_A1, traj.final_A2),
+        C.check_ood(task, traj.final_A1, traj.final_A2) if enumerable
+        else C.check_ood_sampled(task, traj.final_A1, traj.final_A2, seed=cfg["sample_seed"]),
         C.check_roots(task, A1_hat),
     ]
     extra = {}
+    if objective is not None:
+        extra["stage2"] = {"method": "sampled", "samples": objective.n, "sample_seed": objective.seed,
+                           "labels": "soft label of the drawing atom, pi(.|q)",
+                           "projection": "dA2 projected onto span{I, 11^T}" if objective.project else "none"}
     if T_sweep:
         sweep = C.loss_sweep(family, task.prior, T_sweep, _train_kwargs(cfg, False))
         extra["loss_sweep"] = {
@@ -222,7 +314,7 @@ def _checks_single(cfg, task, traj, A1_hat, refs):
     return results, extra
 
 
-def _checks_multi(cfg, task, traj, A1_hat, refs):
+def _checks_multi(cfg, task, traj, A1_hat, refs, objective=None):
     results = [
         C.check_head_specialization(task, A1_hat),
         C.not_applicable(
@@ -230,7 +322,8 @@ def _checks_multi(cfg, task, traj, A1_hat, refs):
             "the idealized gradient is derived for single-parent trees with a token query; the k-head model's "
             "query is the soft layer-1 output of the last position",
         ),
-        C.check_loss_convergence(task, traj.final_A1, traj.final_A2, cfg["beta0"], references=refs,
+        C.check_loss_convergence(task, traj.final_A1, traj.final_A2, cfg["beta0"],
+                                 references={k: (v["value"] if isinstance(v, dict) else v) for k, v in refs.items()},
                                  init_seed=traj.config.init_seed, init_scale=traj.config.init_scale),
         C.not_applicable(
             "ood_generalization", "sup_c |f(s)_c - pi~(c|s_T)| small for an unseen pi~ (Knowl 4)",
@@ -268,14 +361,10 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figur
     figures (``popgrad sweep``)."""
     task = build_task(cfg)
     multi = isinstance(task, MultiParentTask)
-    gradients = ("exact",) if multi else GRADIENTS
-    if cfg["gradient"] not in gradients:
-        if multi:
-            raise CLIError(f"--gradient {cfg['gradient']} is not available for multi-parent graphs: use exact")
-        raise CLIError(f"--gradient {cfg['gradient']!r}: use {' or '.join(GRADIENTS)}")
+    resolve_methods(cfg, task)
     check_schedule(cfg)
-    # Everything below needs the exact population (checks, Stage 2): guard first.
-    task.check_size()
+    if multi:  # the k-head job needs the exact population throughout: guard first
+        task.check_size()
     train_kwargs = _train_kwargs(cfg, multi)
     (MultiHeadTrainConfig if multi else TrainConfig)(**train_kwargs).validate()
     out, ckpt = output_paths(cfg, resume)
@@ -289,9 +378,9 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figur
     t_train = time.perf_counter() - t0
     log(f"training: {traj.status} after step {int(traj.step[-1])} in {t_train:.1f} s {traj.message}".rstrip())
 
-    refs = C.reference_losses(task)
+    refs, objective = _references(cfg, task, traj)
     A1_hat = traj.A1[traj.stage1_end] if cfg["schedule"] == "two-stage" else traj.final_A1
-    results, extra = (_checks_multi if multi else _checks_single)(cfg, task, traj, A1_hat, refs)
+    results, extra = (_checks_multi if multi else _checks_single)(cfg, task, traj, A1_hat, refs, objective)
     extra = {"timing_seconds": {"training": t_train, "total": time.perf_counter() - t0}, **extra}
     report = build_report(cfg, task, traj, results, refs, extra)
 

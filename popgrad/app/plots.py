@@ -60,20 +60,34 @@ def plot_loss(trajectory, references: dict, path) -> None:
     """
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ok = np.isfinite(trajectory.loss)
-    ax.plot(trajectory.step[ok], trajectory.loss[ok], color="k", lw=1.5, label="exact loss L(θ)")
+    sampled = ok & np.isfinite(trajectory.loss_se)
+    exact = ok & ~sampled
+    if exact.any():
+        ax.plot(trajectory.step[exact], trajectory.loss[exact], color="k", lw=1.5, label="exact loss L(θ)")
+    if sampled.any():
+        n = getattr(trajectory, "stage2_samples", 0)
+        ax.errorbar(trajectory.step[sampled], trajectory.loss[sampled], yerr=2 * trajectory.loss_se[sampled],
+                    color="tab:red", lw=1.2, capsize=2, label=f"sampled loss ± 2 SE (n = {n:,})")
     eps = references.get("eps")
     tag = f" (same ε = {eps:.3g})" if eps is not None else ""
     styles = {"L_star_eps": (f"oracle knowing π{tag}", "tab:green"),
               "L_bayes_eps": (f"Bayes predictive{tag}", "tab:blue"),
               "L_count": (f"count estimator{tag}", "tab:orange")}
     for key, (label, color) in styles.items():
-        if key in references and references[key] is not None:
-            ax.axhline(references[key], ls="--", color=color, label=f"{label} = {references[key]:.4f}")
+        v = references.get(key)
+        value = v.get("value") if isinstance(v, dict) else v
+        if value is None:
+            continue
+        kind = v.get("kind", "exact") if isinstance(v, dict) else "exact"
+        se = f" ± {v['se']:.1g}" if kind == "sampled" and v.get("se") is not None else ""
+        ax.axhline(value, ls="--", color=color, label=f"{label} = {value:.4f}{se} ({kind})")
     s1 = trajectory.config.steps1
     if trajectory.config.schedule == "two-stage" and 0 < s1 < trajectory.step[-1]:
         ax.axvline(s1, color="grey", lw=0.8, ls=":", label="end of Stage 1")
     ax.set_xlabel("step")
     ax.set_ylabel("population loss (perturbed, ε inside the log)")
+    if sampled.any():
+        ax.set_title("Stage 2 on a fixed sample: losses after Stage 1 are sampled estimates", fontsize=9)
     ax.legend(fontsize=8)
     save_figure(fig, path)
 

@@ -44,7 +44,10 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
             assume = assumptions(task)._asdict()
     except ValueError as exc:  # e.g. a reducible atom (mu has a zero): say so instead of failing
         assume = {"error": str(exc)}
-    final_loss = trajectory.loss[np.isfinite(trajectory.loss)]
+    ok = np.flatnonzero(np.isfinite(trajectory.loss))
+    last = int(ok[-1]) if ok.size else None
+    final_se = float(trajectory.loss_se[last]) if last is not None else float("nan")
+    sampled = last is not None and np.isfinite(final_se)
     return _jsonable(
         {
             "config": config,
@@ -57,7 +60,8 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
                 "n_sequences": task.n_sequences,
                 "prior_atoms": task.prior.K,
                 "assumptions": assume,
-                "note": "every population quantity is exact for this finite prior (its atoms and weights)",
+                "note": "every population quantity is exact for this finite prior (its atoms and weights), "
+                        "except those labelled sampled (estimates with a standard error and n)",
             },
             "references": references,
             "trajectory": {
@@ -65,7 +69,10 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
                 "message": trajectory.message,
                 "records": int(len(trajectory.step)),
                 "last_step": int(trajectory.step[-1]) if len(trajectory.step) else 0,
-                "final_loss": float(final_loss[-1]) if final_loss.size else None,
+                "final_loss": float(trajectory.loss[last]) if last is not None else None,
+                "final_loss_kind": ("sampled" if sampled else "exact") if last is not None else None,
+                "final_loss_se": final_se if sampled else None,
+                "stage2_samples": int(trajectory.stage2_samples),
             },
             "checks": [c.to_dict() for c in checks],
             "all_passed": bool(all(c.passed for c in checks if getattr(c, "applicable", True))),
@@ -84,6 +91,26 @@ def _fmt(x) -> str:
     if isinstance(x, float):
         return f"{x:.4g}"
     return str(x)
+
+
+def _kind(v) -> str:
+    return v.get("kind", "exact") if isinstance(v, dict) else "exact"
+
+
+def _fmt_value(v) -> str:
+    """``value`` (exact) or ``value ± se (n = …)`` (sampled)."""
+    if not isinstance(v, dict):
+        return _fmt(v)
+    if v.get("value") is None:
+        return "n/a" + (f" ({v['reason']})" if v.get("reason") else "")
+    if v.get("kind") == "sampled" and v.get("se") is not None:
+        return f"{_fmt(v['value'])} ± {_fmt(v['se'])} (n = {v.get('n', 0):,})"
+    return _fmt(v["value"])
+
+
+def reference_value(v):
+    """The number of a reference entry (a float, or a ``{"value", "kind", ...}`` dict)."""
+    return v.get("value") if isinstance(v, dict) else v
 
 
 def render_markdown(report: dict) -> str:
@@ -106,22 +133,26 @@ def render_markdown(report: dict) -> str:
         "",
         "## Reference losses",
         "",
-        "| quantity | value |",
-        "|---|---|",
+        "| quantity | value | kind |",
+        "|---|---|---|",
     ]
     for k, v in report["references"].items():
-        lines.append(f"| {k} | {_fmt(v)} |")
-    lines.append(f"| final loss L(θ̂) | {_fmt(report['trajectory']['final_loss'])} |")
+        lines.append(f"| {k} | {_fmt_value(v)} | {_kind(v)} |")
+    tr = report["trajectory"]
+    final = {"value": tr["final_loss"], "kind": tr.get("final_loss_kind") or "exact", "se": tr.get("final_loss_se"),
+             "n": tr.get("stage2_samples")}
+    lines.append(f"| final loss L(θ̂) | {_fmt_value(final)} | {_kind(final)} |")
     lines += [
         "",
         "## Theorem checks",
         "",
-        "| check | value | | threshold | passed |",
-        "|---|---|---|---|---|",
+        "| check | value | | threshold | passed | kind |",
+        "|---|---|---|---|---|---|",
     ]
     for c in report["checks"]:
         mark = "n/a" if not c.get("applicable", True) else ("PASS" if c["passed"] else "FAIL")
-        lines.append(f"| {c['name']} | {_fmt(c['value'])} | {c['comparison']} | {_fmt(c['threshold'])} | {mark} |")
+        lines.append(f"| {c['name']} | {_fmt(c['value'])} | {c['comparison']} | {_fmt(c['threshold'])} | {mark} "
+                     f"| {c.get('kind', 'exact')} |")
     sweep = report.get("loss_sweep")
     if sweep:
         lines += [

@@ -260,8 +260,18 @@ def summary_row(cfg: dict, report: dict | None = None, error: str = "", versions
             row[f"{c['name']}_value"] = _scalar(c["value"])
             row[f"{c['name']}_passed"] = c["passed"]
             row[f"{c['name']}_applicable"] = c.get("applicable", True)
-        row.update({k: _scalar(v) for k, v in report["references"].items()})
+            row[f"{c['name']}_kind"] = c.get("kind", "exact")
+        for k, v in report["references"].items():
+            if isinstance(v, dict):
+                row[k] = v.get("value")
+                row[f"{k}_kind"] = v.get("kind", "exact")
+                if v.get("kind") == "sampled":
+                    row[f"{k}_se"] = v.get("se")
+            else:
+                row[k] = _scalar(v)
         row["final_loss"] = report["trajectory"]["final_loss"]
+        row["final_loss_kind"] = report["trajectory"].get("final_loss_kind")
+        row["final_loss_se"] = report["trajectory"].get("final_loss_se")
         row["t_eff"] = report["task"]["t_eff"]
         row["n_sequences"] = report["task"]["n_sequences"]
         if "loss_sweep" in report:

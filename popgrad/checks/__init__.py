@@ -3,9 +3,19 @@
 * :mod:`.results` -- :class:`CheckResult`, :func:`not_applicable`, power-law fits;
 * :mod:`.theorems` -- the checks (graph recovery, gradient alignment, loss convergence, OOD, roots,
   head specialization), one function per check for every task kind, thresholds documented there;
+* :mod:`.scale` -- checks at any ``T`` from the Stage-1 field (alignment rate, DPI in the field, roots);
+* :mod:`.sampled` -- checks beyond enumeration from a fixed sample (``kind="sampled"``, with standard errors);
 * :mod:`._kernels` -- numba kernels of the OOD check.
 """
 from .results import CheckResult, SweepFit, fit_power_law, not_applicable
+from .sampled import check_loss_convergence_sampled, check_ood_sampled
+from .scale import (
+    alignment_rate_sweep,
+    check_alignment_rate,
+    check_field_dpi,
+    check_roots_at_scale,
+    default_alignment_T,
+)
 from .theorems import (
     alignment_sweep,
     check_gradient_alignment,
@@ -29,5 +39,7 @@ __all__ = [
     "check_graph_recovery", "check_gradient_alignment", "check_loss_convergence", "check_ood", "check_roots",
     "check_head_specialization", "reference_losses", "alignment_sweep", "loss_sweep", "gradient_agreement",
     "ood_transition", "sup_error_distribution",
+    "check_alignment_rate", "alignment_rate_sweep", "check_field_dpi", "check_roots_at_scale", "default_alignment_T",
+    "check_loss_convergence_sampled", "check_ood_sampled",
     "reference_losses_multi", "check_loss_convergence_multi", "check_roots_multi",
 ]

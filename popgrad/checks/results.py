@@ -32,6 +32,9 @@ class CheckResult(NamedTuple):
         idealized-gradient check for a multi-parent task): ``value`` and
         ``threshold`` are NaN, ``passed`` is ``False`` and reports show "n/a"
         and leave it out of ``all_passed`` (:func:`not_applicable`).
+    kind : {"exact", "sampled"}, default "exact"
+        Whether ``value`` is exact (for the task's finite prior) or an estimate
+        from a sample (then the details hold its standard error and ``n``).
     """
 
     name: str
@@ -42,6 +45,7 @@ class CheckResult(NamedTuple):
     statement: str
     details: dict
     applicable: bool = True
+    kind: str = "exact"
 
     def to_dict(self) -> dict:
         return {
@@ -53,6 +57,7 @@ class CheckResult(NamedTuple):
             "statement": self.statement,
             "details": _jsonable(self.details),
             "applicable": bool(self.applicable),
+            "kind": self.kind,
         }
 
 

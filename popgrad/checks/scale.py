@@ -88,7 +88,7 @@ def alignment_rate_sweep(graph_for_T: Callable, prior, T_values, eps=None) -> di
     return rows
 
 
-def check_alignment_rate(graph_for_T: Callable, prior, T_values=None, eps=None) -> CheckResult:
+def check_alignment_rate(graph_for_T: Callable, prior, T_values=None, eps=None, name="alignment_rate") -> CheckResult:
     """Knowl 3's rate, exactly to first order in ``β0``, over a sweep of ``T`` (module docstring).
 
     Value: the local exponent ``b`` of ``distance ∝ T_eff^b`` fitted over the
@@ -103,7 +103,7 @@ def check_alignment_rate(graph_for_T: Callable, prior, T_values=None, eps=None) 
         T_values = default_alignment_T(prior.S)
     sweep = alignment_rate_sweep(graph_for_T, prior, T_values, eps)
     if len(sweep["T"]) < 2:
-        return not_applicable("alignment_rate", statement, "fewer than two T of the sweep have a non-root row")
+        return not_applicable(name, statement, "fewer than two T of the sweep have a non-root row")
     te = np.asarray(sweep["t_eff"])
     d = np.asarray(sweep["distance"])
     top = te >= te.max() / 10.0
@@ -121,7 +121,7 @@ def check_alignment_rate(graph_for_T: Callable, prior, T_values=None, eps=None) 
         sqrt_t_eff_times_distance_factor=factor, decreasing_over_top_decade=decreasing,
         method="stage1_field (exact to first order in beta0), idealized_gradient; J at A1 = 0",
     )
-    res = _result("alignment_rate", fit.exponent, 0.0, "<=", statement, details)
+    res = _result(name, fit.exponent, 0.0, "<=", statement, details)
     return res._replace(passed=bool(decreasing and factor <= 2.0))
 
 

@@ -32,7 +32,7 @@ from .._validation import as_int
 from . import _weights
 from .graphs import CausalGraph
 from .multigraphs import MultiParentGraph
-from .priors import FinitePrior
+from .priors import MAX_CLOSURE_ATOMS, FinitePrior
 from .tensor_priors import TensorPrior
 
 __all__ = [
@@ -268,6 +268,8 @@ class Task(ExactTask):
         prior = self._prior
         S, T = self.S, self.T
         parents = self._graph.parents
+        if prior.implicit_closure and prior.K > MAX_CLOSURE_ATOMS:
+            return self._sample_relabeled(n, rng)
         k = rng.choice(prior.K, size=n, p=prior.weights)
         seqs = np.empty((n, T), dtype=np.int64)
         mu_cdf = np.cumsum(prior.stationary, axis=1)
@@ -280,6 +282,36 @@ class Task(ExactTask):
         targets = prior.atoms[k, seqs[:, T - 1]]
         return Sample(seqs, targets, k.astype(np.int64))
 
+    def _sample_relabeled(self, n, rng) -> Sample:
+        """:meth:`sample` for an implicit relabeling closure too large to list (``K_base · S!`` atoms).
+
+        A draw picks a base atom ``b`` (base weights) and a uniform relabeling
+        ``σ``: the atom ``π^σ`` (``π^σ(σy | σx) = π_b(y | x)``, ``μ^σ(σx) = μ_b(x)``).
+        The sequence is drawn from ``π_b`` and its tokens are mapped through ``σ``
+        (the image of the ``π_b`` process under ``σ`` is the ``π^σ`` process; the
+        query stays uniform); the label is ``π^σ(c | q) = π_b(σ⁻¹c | σ⁻¹q)``.
+        ``atoms`` holds ``b · S! + rank(σ)``, the atom's index in the order of
+        :func:`popgrad.relabel_closure`.
+        """
+        base = self._prior.base
+        S, T = self.S, self.T
+        parents = self._graph.parents
+        b = rng.choice(base.K, size=n, p=base.weights)
+        sigma = rng.permuted(np.tile(np.arange(S), (n, 1)), axis=1)
+        inv = np.argsort(sigma, axis=1)
+        raw = np.empty((n, T), dtype=np.int64)
+        mu_cdf = np.cumsum(base.stationary, axis=1)
+        pi_cdf = np.cumsum(base.atoms, axis=2)
+        for i in range(T - 1):
+            u = rng.random(n)[:, None]
+            cdf = mu_cdf[b] if parents[i] < 0 else pi_cdf[b, raw[:, parents[i]]]
+            raw[:, i] = np.minimum((u >= cdf).sum(axis=1), S - 1)
+        q = rng.integers(0, S, size=n)
+        raw[:, T - 1] = np.take_along_axis(inv, q[:, None], axis=1)[:, 0]  # σ⁻¹q: the query stays uniform
+        seqs = np.take_along_axis(sigma, raw, axis=1)
+        targets = np.take_along_axis(base.atoms[b, raw[:, T - 1]], inv, axis=1)
+        return Sample(seqs, targets, b.astype(np.int64) * math.factorial(S) + _perm_rank(sigma))
+
     # --------------------------------------------------------------- summary
     def summary(self) -> str:
         """Human-readable description: graph, prior diagnostics, sizes."""
@@ -288,6 +320,17 @@ class Task(ExactTask):
             f"(limit {self._max_sequences:,})\n{self._graph.summary()}\n{self._prior.summary()}"
         )
 
+
+
+def _perm_rank(perms) -> np.ndarray:
+    """Lexicographic rank of each row of ``perms`` (``(n, S)`` permutations) among all ``S!`` (Lehmer code)."""
+    perms = np.asarray(perms)
+    n, S = perms.shape
+    rank = np.zeros(n, dtype=np.int64)
+    for i in range(S):
+        smaller_after = (perms[:, i + 1:] < perms[:, i:i + 1]).sum(axis=1)
+        rank += smaller_after * math.factorial(S - 1 - i)
+    return rank
 
 
 def decode_sequences(start: int, stop: int, S: int, T: int) -> np.ndarray:

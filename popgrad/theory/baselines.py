@@ -66,10 +66,10 @@ def optimal_loss(task, eps=0.0) -> float:
     eps = as_eps(task, eps)
     if isinstance(task, MultiParentTask):
         return _optimal_loss_multi(task, eps)
-    atoms = task.prior.atoms
+    atoms, weights, _ = task.prior.invariant_view()  # invariant under relabeling: base draws suffice
     with np.errstate(divide="ignore", invalid="ignore"):
         plogp = np.where(atoms > 0, atoms * np.log(np.where(atoms > 0, atoms, 1.0) + eps), 0.0)
-    return float(-np.dot(task.prior.weights, plogp.sum(axis=(1, 2))) / task.S)
+    return float(-np.dot(weights, plogp.sum(axis=(1, 2))) / task.S)
 
 
 def _optimal_loss_multi(task, eps) -> float:

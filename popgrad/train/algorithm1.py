@@ -28,7 +28,7 @@ import json
 import math
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -39,6 +39,7 @@ from .._validation import as_int, as_real
 from ..engine.api import exact_loss, exact_loss_and_grad
 from ..model.reduced import first_layer_attention
 from ..engine.field import field_grad_A1, stage1_field
+from ..engine.sampled import SampledObjective, default_samples
 from ..task.tasks import Task, TaskTooLargeError
 from ..theory.information import idealized_grad_A1
 
@@ -48,6 +49,10 @@ __all__ = ["TrainConfig", "MultiHeadTrainConfig", "Trajectory", "train_two_stage
 #: the idealized prediction of Knowl 3 (DESIGN §5, any T).
 GRADIENTS = ("exact", "field", "idealized")
 SCHEDULES = ("two-stage", "joint")
+#: Stage-2 methods: ``"exact"`` (enumeration) or ``"sampled"`` (sample-average approximation on a fixed
+#: sample, :mod:`popgrad.engine.sampled`; every loss it gives is an estimate with a standard error).
+STAGE2_METHODS = ("exact", "sampled")
+_RECORDED = ("step", "stage", "loss", "loss_se", "grad_norm", "cosine", "attn_parent", "A1", "A2")
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,9 @@ class TrainConfig:
     record_every: int = 10
     eps: float | None = None
     divergence_patience: int = 100
+    stage2: str = "exact"
+    samples: int = 0
+    sample_seed: int = 0
 
     def eta1(self, task: Task) -> float:
         """Stage-1 step size ``lr1 · S · T / β0``."""
@@ -85,6 +93,12 @@ class TrainConfig:
             raise ValueError(f"gradient must be one of {GRADIENTS}, got {self.gradient!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.stage2 not in STAGE2_METHODS:
+            raise ValueError(f"stage2 must be one of {STAGE2_METHODS}, got {self.stage2!r}")
+        as_int(self.samples, "samples", minimum=0)
+        as_int(self.sample_seed, "sample_seed", minimum=0)
+        if self.stage2 == "sampled" and self.schedule != "two-stage":
+            raise ValueError("stage2='sampled' needs schedule='two-stage' (A1 frozen while A2 trains on the sample)")
         if self.schedule == "joint" and self.gradient != "exact":
             raise ValueError("schedule='joint' needs gradient='exact' (the idealized gradient only covers Stage 1)")
         if self.eps is not None and not (math.isfinite(self.eps) and self.eps >= 0):
@@ -128,7 +142,11 @@ class Trajectory:
     stage : int64 (n,)
         1 or 2 (``schedule='joint'``: 0).
     loss : float64 (n,)
-        Exact population loss (NaN if the task is too large to enumerate).
+        Population loss: exact, or in Stage 2 with ``config.stage2 == "sampled"`` the
+        sample-average estimate (its standard error in ``loss_se``); NaN where
+        neither was computed (Stage 1 beyond enumeration).
+    loss_se : float64 (n,)
+        Standard error of a sampled loss (NaN for an exact one).
     grad_norm : float64 (n,)
         Frobenius norm of the gradient of the matrix the stage moves
         (joint: of both, stacked).
@@ -150,6 +168,7 @@ class Trajectory:
     step: np.ndarray
     stage: np.ndarray
     loss: np.ndarray
+    loss_se: np.ndarray
     grad_norm: np.ndarray
     cosine: np.ndarray
     attn_parent: np.ndarray
@@ -158,6 +177,13 @@ class Trajectory:
     status: str
     message: str
     config: TrainConfig = field(default_factory=TrainConfig)
+    stage2_samples: int = 0
+
+    @property
+    def loss_kind(self) -> np.ndarray:
+        """``"exact"``, ``"sampled"`` or ``"none"`` for each record."""
+        kind = np.where(np.isnan(self.loss_se), "exact", "sampled")
+        return np.where(np.isnan(self.loss), "none", kind)
 
     @property
     def final_A1(self) -> np.ndarray:
@@ -177,7 +203,7 @@ class Trajectory:
         """The numeric arrays, for ``np.savez``."""
         return {
             k: getattr(self, k)
-            for k in ("step", "stage", "loss", "grad_norm", "cosine", "attn_parent", "A1", "A2")
+            for k in _RECORDED
         }
 
     def save(self, path) -> None:
@@ -186,16 +212,20 @@ class Trajectory:
             "status": np.array(self.status),
             "message": np.array(self.message),
             "config_json": np.array(json.dumps(asdict(self.config))),
+            "stage2_samples": np.array(self.stage2_samples),
         }
         atomic_savez(path, **self.arrays(), **extra)
 
     @classmethod
     def load(cls, path) -> "Trajectory":
         with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in ("step", "stage", "loss", "grad_norm", "cosine", "attn_parent", "A1", "A2")}
+            arrays = {k: z[k] for k in _RECORDED if k in z.files}
+            if "loss_se" not in arrays:  # written by popgrad 0.1
+                arrays["loss_se"] = np.full(arrays["loss"].shape, np.nan)
             cfg_dict = json.loads(str(z["config_json"]))
             cfg = (MultiHeadTrainConfig if "init_seed" in cfg_dict else TrainConfig)(**cfg_dict)
-            return cls(**arrays, status=str(z["status"]), message=str(z["message"]), config=cfg)
+            n = int(z["stage2_samples"]) if "stage2_samples" in z.files else 0
+            return cls(**arrays, status=str(z["status"]), message=str(z["message"]), config=cfg, stage2_samples=n)
 
 
 def attention_to_parent(graph, A1) -> np.ndarray:
@@ -223,7 +253,7 @@ class _State:
         self.t = 0
         self.A1 = np.zeros((T, T))
         self.A2 = cfg.beta0 * np.eye(S)
-        self.rec = {k: [] for k in ("step", "stage", "loss", "grad_norm", "cosine", "attn_parent", "A1", "A2")}
+        self.rec = {k: [] for k in _RECORDED}
         self.increases = 0
         self.prev_loss = math.inf
         self.status = "completed"
@@ -320,6 +350,9 @@ def train_two_stage(
     checkpoint_every: int = 0,
     resume: bool = False,
     progress: bool = False,
+    stage2: str = "auto",
+    samples: int | None = None,
+    sample_seed: int = 0,
 ) -> Trajectory:
     """Run Algorithm 1 (or joint training) exactly and record the trajectory.
 
@@ -357,6 +390,20 @@ def train_two_stage(
         Continue from ``checkpoint_path`` (bit-identical to an uninterrupted run).
     progress : bool
         Show a tqdm progress bar (only when stderr is a terminal).
+    stage2 : {"auto", "exact", "sampled"}
+        ``"exact"``: Stage 2 on the exact population (enumeration).
+        ``"sampled"``: sample-average approximation (:mod:`popgrad.engine.sampled`):
+        deterministic gradient descent on the average loss over a fixed sample
+        of ``samples`` sequences (seed ``sample_seed``) with soft labels;
+        ``dA2`` projected onto ``span{I, 11ᵀ}`` for a relabeling-closed prior.
+        Its losses are estimates (``Trajectory.loss_se``). ``"auto"``: exact
+        when the task can be enumerated, sampled otherwise.
+    samples : int, optional
+        Sample size of the sampled Stage 2; default: from a pilot sample, so
+        that the loss's standard error is ``≤ 1e-3``
+        (:func:`popgrad.engine.sampled.default_samples`).
+    sample_seed : int
+        Seed of the Stage-2 sample.
 
     Returns
     -------
@@ -364,27 +411,48 @@ def train_two_stage(
     """
     if not isinstance(task, Task):
         raise ValueError(f"task must be a popgrad.Task, got {type(task).__name__}")
+    enumerable = task.n_sequences <= task.max_sequences
+    if stage2 == "auto":
+        stage2 = "exact" if enumerable or steps2 == 0 else "sampled"
+    if samples is None:
+        samples = 0
     cfg = TrainConfig(
         beta0=beta0, lr1=lr1, steps1=steps1, lr2=lr2, steps2=steps2, gradient=gradient,
         schedule=schedule, record_every=record_every, eps=eps, divergence_patience=divergence_patience,
+        stage2=stage2, samples=samples, sample_seed=sample_seed,
     ).validate()
-    enumerable = task.n_sequences <= task.max_sequences
-    if not enumerable and (cfg.gradient == "exact" or cfg.steps2 > 0 or cfg.schedule == "joint"):
-        what = ("Stage 2 (steps2 > 0)" if cfg.steps2 > 0 else "joint training") if cfg.gradient != "exact" \
-            else "the exact Stage-1 gradient"
+    sampled = cfg.stage2 == "sampled" and cfg.steps2 > 0
+    if not enumerable and (cfg.gradient == "exact" or (cfg.steps2 > 0 and not sampled) or cfg.schedule == "joint"):
+        what = ("Exact Stage 2 (steps2 > 0)" if cfg.steps2 > 0 else "Joint training") if cfg.gradient != "exact" \
+            else "The exact Stage-1 gradient"
         try:
             task.check_size()
         except TaskTooLargeError as exc:
             raise TaskTooLargeError(
-                f"{what} needs the exact population: {exc} For Stage 1 alone at any T: gradient='field' "
-                "(or 'idealized') with steps2=0."
+                f"{what} needs the exact population: {exc} For Stage 1 at any T: gradient='field' "
+                "(or 'idealized'); for Stage 2 beyond enumeration: stage2='sampled'."
             ) from None
     state = start_state(task, cfg, checkpoint_path, checkpoint_every, resume)
 
     graph = task.graph
     field_M = stage1_field(task, cfg.eps).M if cfg.gradient == "field" else None
+    saa = {}  # the Stage-2 objective, built at the first step that needs it (A1 is then frozen)
+
+    def objective():
+        if "obj" not in saa:
+            n = cfg.samples
+            if n == 0:  # A1 is frozen from here on and A2 starts at β0·I: the same n after a resume
+                n, _ = default_samples(task, state.A1, cfg.beta0 * np.eye(task.S), cfg.eps)
+            saa["obj"] = SampledObjective(task, n, cfg.sample_seed, cfg.eps, options=None)
+        return saa["obj"]
 
     def evaluate(t, stage, record) -> StepValues:
+        if sampled and cfg.steps1 <= t:  # Stage 2 (and the step that starts it) on the fixed sample
+            obj = objective()
+            res = obj.loss_and_grad(state.A1, state.A2)
+            se = float(obj.loss(state.A1, state.A2).se) if record else float("nan")
+            dA1 = field_grad_A1(field_M, state.A1, cfg.beta0) if stage == 1 and field_M is not None else res.dA1
+            return StepValues(res.loss, dA1, res.dA2, float("nan"), True, se)
         # Stage 2, joint training and the step that starts Stage 2 need the exact gradient.
         needs_exact = cfg.gradient == "exact" or stage != 1 or cfg.steps1 <= t < cfg.steps1 + cfg.steps2
         loss = float("nan")
@@ -421,11 +489,14 @@ def train_two_stage(
                 cosine = _cos(exact_dA1, ideal)
         return StepValues(loss, dA1, dA2, cosine, exact is not None)
 
-    return run_schedule(
+    traj = run_schedule(
         task, cfg, state, evaluate, lambda A1: attention_to_parent(graph, A1),
         eta1=cfg.eta1(task), eta2=cfg.eta2(task), checkpoint_path=checkpoint_path,
         checkpoint_every=checkpoint_every, progress=progress,
     )
+    if sampled:
+        traj = replace(traj, stage2_samples=objective().n)
+    return traj
 
 
 class StepValues(NamedTuple):
@@ -440,7 +511,9 @@ class StepValues(NamedTuple):
     cosine : float
         Exact-vs-idealized Stage-1 cosine (NaN when not measured).
     loss_is_exact : bool
-        Whether ``loss`` was computed (a NaN then means divergence).
+        Whether ``loss`` was computed, exactly or as a sampled estimate (a NaN then means divergence).
+    loss_se : float
+        Standard error of a sampled ``loss`` (NaN when exact or not computed).
     """
 
     loss: float
@@ -448,6 +521,7 @@ class StepValues(NamedTuple):
     dA2: object
     cosine: float
     loss_is_exact: bool
+    loss_se: float = float("nan")
 
 
 def run_schedule(task, cfg, state, evaluate, attention, *, eta1, eta2, checkpoint_path, checkpoint_every, progress):
@@ -491,7 +565,8 @@ def run_schedule(task, cfg, state, evaluate, attention, *, eta1, eta2, checkpoin
             else:
                 gnorm = float(np.sqrt(np.sum(step.dA1**2) + np.sum(step.dA2**2)))
             for key, value in (
-                ("step", t), ("stage", stage), ("loss", loss), ("grad_norm", gnorm), ("cosine", step.cosine),
+                ("step", t), ("stage", stage), ("loss", loss), ("loss_se", step.loss_se), ("grad_norm", gnorm),
+                ("cosine", step.cosine),
                 ("attn_parent", attention(state.A1)), ("A1", state.A1.copy()), ("A2", state.A2.copy()),
             ):
                 state.rec[key].append(value)

@@ -275,7 +275,7 @@ def test_local_cluster_default(tmp_path, capsys):
 def test_example_spec_is_valid():
     from popgrad.app.sweep import expand, load_spec
 
-    path = os.path.join(os.path.dirname(__file__), "..", "examples", "sweep_many_graphs.toml")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "sweep_many_graphs.toml")
     cells = expand(load_spec(path))
     assert len(cells) == 29 and not any(cfg["sweep"] for _, cfg in cells)
     assert {cfg["graph"] for _, cfg in cells} == {"random", "chain"} and all(cfg["S"] == 3 for _, cfg in cells)

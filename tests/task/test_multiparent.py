@@ -92,9 +92,9 @@ def test_graph_validation_names_index_and_fix(parents, target, match):
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda: pg.ngram(5, 1), "n must be >= 2"),
+        (lambda: pg.ngram(5, 1), "n must be an integer >= 2"),
         (lambda: pg.ngram(2, 4), r"the target needs n-1 = 3 parents, use T >= 3"),
-        (lambda: pg.two_parent(1), "T must be >= 2"),
+        (lambda: pg.two_parent(1), "T must be an integer >= 2"),
         (lambda: pg.random_multi_parent(5, 2, 0, root_prob=2), r"root_prob must be in \[0, 1\]"),
         (lambda: MultiParentGraph.from_string("0,1;2"), "must look like"),
         (lambda: MultiParentGraph.from_string("-;-;0,x>0,1"), "cannot parse"),
