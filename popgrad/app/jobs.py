@@ -71,7 +71,7 @@ from .plots import (
 )
 from .report import build_report, write_report
 
-__all__ = ["DEFAULTS", "MULTI_PARENT_DEFAULTS", "MULTI_PARENT_GRAPHS", "CLIError", "build_task", "run"]
+__all__ = ["DEFAULTS", "MULTI_PARENT_DEFAULTS", "MULTI_PARENT_GRAPHS", "CLIError", "build_task", "validate_config", "run"]
 
 #: ``--graph`` values that build a multi-parent task.
 MULTI_PARENT_GRAPHS = ("ngram", "two-parent")
@@ -225,8 +225,13 @@ def resolve_methods(cfg: dict, task) -> None:
     sampled with its standard error).
     """
     multi = isinstance(task, MultiParentTask)
-    enumerable = task.n_sequences <= task.max_sequences
-    size = f"S**T = {task.S}**{task.T} = {_count(task)} sequences (over --max-sequences {task.max_sequences:,})"
+    enumerable = task.enumerable
+    if task.n_sequences > task.max_sequences or multi:
+        size = f"S**T = {task.S}**{task.T} = {_count(task)} sequences (over --max-sequences {task.max_sequences:,})"
+        smaller = "a smaller S or T, or a larger --max-sequences"
+    else:
+        size = f"all {task.prior.K:,} atoms of the prior ({task.prior.base.K} draws x {task.S}! relabelings)"
+        smaller = "fewer --atoms or a smaller S"
     if multi:
         if cfg["gradient"] not in ("auto", "exact"):
             raise CLIError(f"--gradient {cfg['gradient']} is not available for multi-parent graphs: use exact")
@@ -244,10 +249,10 @@ def resolve_methods(cfg: dict, task) -> None:
         raise CLIError(f"--stage2 {cfg['stage2']!r}: use {' or '.join(STAGE2_METHODS)}")
     if not enumerable and cfg["gradient"] == "exact":
         raise CLIError(f"--gradient exact needs {size}: use --gradient field (exact to first order, any T), "
-                       "a smaller S or T, or a larger --max-sequences")
+                       f"{smaller}")
     if not enumerable and cfg["stage2"] == "exact" and cfg["steps2"] > 0:
         raise CLIError(f"--stage2 exact needs {size}: use --stage2 sampled (the default beyond enumeration), "
-                       "--steps2 0, a smaller S or T, or a larger --max-sequences")
+                       f"--steps2 0, {smaller}")
     if not enumerable and cfg["schedule"] == "joint":
         raise CLIError(f"--schedule joint needs {size}: use --schedule two-stage")
 
@@ -259,7 +264,7 @@ def _count(task) -> str:
 
 def _references(cfg, task, traj):
     """Reference losses, each ``{"value", "kind": "exact"|"sampled"[, "se", "n"]}``; and the Stage-2 objective."""
-    enumerable = task.n_sequences <= task.max_sequences
+    enumerable = task.enumerable
     objective = None
     if enumerable:
         refs = {k: ({"value": v, "kind": "exact"} if k != "eps" else v) for k, v in C.reference_losses(task).items()}
@@ -277,7 +282,7 @@ def _references(cfg, task, traj):
 
 def _checks_single(cfg, task, traj, A1_hat, refs, objective=None):
     family = graph_family(cfg["graph"], cfg["seed"])
-    enumerable = task.n_sequences <= task.max_sequences
+    enumerable = task.enumerable
     exact_stage2 = objective is None
     T_sweep = list(range(max(4, (task.T + 1) // 2), task.T + 1)) if cfg["sweep"] and family and enumerable \
         and exact_stage2 else None
@@ -356,9 +361,14 @@ def _plots_multi(out, task, traj, A1_hat, refs):
     plot_head_attention_to_parent(traj, task.graph, os.path.join(out, "attention_to_parent.png"))
 
 
-def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figures: bool = True) -> dict:
-    """The main job for any task kind. Returns the report dictionary; ``figures=False`` skips the PNG
-    figures (``popgrad sweep``)."""
+def validate_config(cfg: dict):
+    """Every check of a run's settings that needs no output folder: ``(task, train_kwargs)``.
+
+    Builds the task (ranges, graph string; fixes ``cfg["T"]`` for a parents string), resolves
+    ``gradient`` / ``stage2`` ("auto"), checks the schedule, the enumeration size where it is needed
+    and the training settings; raises :class:`CLIError` or ``ValueError`` with one line. Used by
+    :func:`run` and by ``popgrad sweep`` (every cell before anything is submitted).
+    """
     task = build_task(cfg)
     multi = isinstance(task, MultiParentTask)
     resolve_methods(cfg, task)
@@ -367,6 +377,16 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figur
         task.check_size()
     train_kwargs = _train_kwargs(cfg, multi)
     (MultiHeadTrainConfig if multi else TrainConfig)(**train_kwargs).validate()
+    if is_int(cfg["checkpoint_every"]) and cfg["checkpoint_every"] < 0:
+        raise CLIError(f"--checkpoint-every must be an integer >= 0, got {cfg['checkpoint_every']}")
+    return task, train_kwargs
+
+
+def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figures: bool = True) -> dict:
+    """The main job for any task kind. Returns the report dictionary; ``figures=False`` skips the PNG
+    figures (``popgrad sweep``)."""
+    task, train_kwargs = validate_config(cfg)
+    multi = isinstance(task, MultiParentTask)
     out, ckpt = output_paths(cfg, resume)
 
     log(task.summary())

@@ -94,10 +94,9 @@ import traceback
 from collections.abc import Mapping
 
 from .._io import atomic_path, atomic_write_text
-from ..train.algorithm1 import GRADIENTS, MultiHeadTrainConfig, TrainConfig
 from . import jobs
 from .cli import _types
-from .jobs import DEFAULTS, MULTI_PARENT_DEFAULTS, MULTI_PARENT_GRAPHS, CLIError, build_task, check_schedule
+from .jobs import DEFAULTS, MULTI_PARENT_DEFAULTS, MULTI_PARENT_GRAPHS, CLIError
 from .report import versions
 
 __all__ = ["sweep", "load_spec", "expand", "cell_id", "run_cell", "summary_row", "main_sweep"]
@@ -166,22 +165,9 @@ def validate_cell(cfg: dict) -> dict:
     Returns ``cfg`` with ``T`` set from the graph (a parents string fixes ``T``).
     """
     cfg = dict(cfg)
-    task = build_task(cfg)  # S, T, alpha ranges; graph string; sets cfg["T"]
-    multi = cfg["graph"] in MULTI_PARENT_GRAPHS
-    if multi and cfg["gradient"] != "exact":
-        raise CLIError(f"--gradient {cfg['gradient']} is not available for multi-parent graphs: use exact")
-    if not multi and cfg["gradient"] not in GRADIENTS:
-        raise CLIError(f"--gradient {cfg['gradient']!r}: use {' or '.join(GRADIENTS)}")
-    check_schedule(cfg)
-    task.check_size()
-    kw = dict(beta0=cfg["beta0"], lr1=cfg["lr1"], steps1=cfg["steps1"], lr2=cfg["lr2"], steps2=cfg["steps2"],
-              gradient=cfg["gradient"], schedule=cfg["schedule"], record_every=cfg["record_every"])
-    if multi:
-        MultiHeadTrainConfig(**kw, init_seed=cfg["seed"]).validate()
-    else:
-        TrainConfig(**kw).validate()
-    if cfg["checkpoint_every"] < 0:
-        raise CLIError(f"checkpoint_every must be an integer >= 0, got {cfg['checkpoint_every']}")
+    resolved = dict(cfg)
+    jobs.validate_config(resolved)  # popgrad run's checks; resolves "auto" methods in the copy only
+    cfg["T"] = resolved["T"]  # a parents string fixes T
     return cfg
 
 

@@ -143,8 +143,22 @@ class ExactTask:
         return self._graph.t_eff ** -0.5
 
     # ----------------------------------------------------------- enumeration
+    @property
+    def enumerable(self) -> bool:
+        """Whether exact enumeration is possible: ``S**T`` within the limit and the prior's atoms listable
+        (an implicit relabeling closure of more than ``MAX_CLOSURE_ATOMS`` atoms is not)."""
+        return self.n_sequences <= self._max_sequences and self._prior.K <= MAX_CLOSURE_ATOMS
+
     def check_size(self) -> None:
-        """Raise :class:`TaskTooLargeError` if ``S**T`` exceeds the limit."""
+        """Raise :class:`TaskTooLargeError` if ``S**T`` exceeds the limit or the prior's atoms cannot be listed."""
+        if self._prior.K > MAX_CLOSURE_ATOMS:
+            b = self._prior.base
+            raise TaskTooLargeError(
+                f"exact enumeration needs every atom of the prior, but its {b.K} draws closed under all "
+                f"{self.S}! relabelings are {self._prior.K:,} atoms (limit {MAX_CLOSURE_ATOMS:,}): use the "
+                "Stage-1 field and a sampled Stage 2 (popgrad run --gradient field --stage2 sampled; "
+                "train_two_stage(gradient='field', stage2='sampled')), fewer atoms, or a smaller S"
+            )
         n = self.n_sequences
         if n > self._max_sequences:
             S, T = self.S, self.T

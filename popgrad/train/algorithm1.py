@@ -350,7 +350,7 @@ def train_two_stage(
     checkpoint_every: int = 0,
     resume: bool = False,
     progress: bool = False,
-    stage2: str = "auto",
+    stage2: str = "exact",
     samples: int | None = None,
     sample_seed: int = 0,
 ) -> Trajectory:
@@ -397,7 +397,8 @@ def train_two_stage(
         of ``samples`` sequences (seed ``sample_seed``) with soft labels;
         ``dA2`` projected onto ``span{I, 11ᵀ}`` for a relabeling-closed prior.
         Its losses are estimates (``Trajectory.loss_se``). ``"auto"``: exact
-        when the task can be enumerated, sampled otherwise.
+        when the task can be enumerated, sampled otherwise (what ``popgrad run``
+        does). The default is ``"exact"``: sampling is never chosen silently.
     samples : int, optional
         Sample size of the sampled Stage 2; default: from a pilot sample, so
         that the loss's standard error is ``≤ 1e-3``
@@ -411,7 +412,7 @@ def train_two_stage(
     """
     if not isinstance(task, Task):
         raise ValueError(f"task must be a popgrad.Task, got {type(task).__name__}")
-    enumerable = task.n_sequences <= task.max_sequences
+    enumerable = task.enumerable
     if stage2 == "auto":
         stage2 = "exact" if enumerable or steps2 == 0 else "sampled"
     if samples is None:

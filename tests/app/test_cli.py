@@ -22,7 +22,8 @@ def test_run_writes_every_file(tmp_path, capsys):
     assert not [f for f in os.listdir(out) if f.startswith(".tmp")]
     report = json.loads((out / "report.json").read_text())
     names = [c["name"] for c in report["checks"]]
-    assert names == ["graph_recovery", "gradient_alignment", "loss_convergence", "ood_generalization", "roots_uniform"]
+    assert names == ["graph_recovery", "gradient_alignment", "field_dpi", "loss_convergence", "ood_generalization",
+                     "roots_uniform"]
     for c in report["checks"]:
         assert set(c) >= {"value", "threshold", "passed", "comparison"}
     assert report["config"]["S"] == 2 and report["versions"]["numpy"] == np.__version__
@@ -61,7 +62,7 @@ def test_resume_continues(tmp_path):
         (["--S", "1"], "--S 1 is out of range"),
         (["--S", "40"], "--S 40 is out of range"),
         (["--T", "1"], "--T 1 is out of range"),
-        (["--T", "40"], "S**T = 3**40"),
+        (["--T", "40", "--gradient", "exact"], "S**T = 3**40"),
         (["--alpha", "-1"], "--alpha -1.0 must be > 0"),
         (["--config", "/nonexistent/x.toml"], "cannot read config file"),
         (["--lr1", "-2"], "lr1 must be"),
