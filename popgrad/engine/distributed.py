@@ -167,9 +167,8 @@ def _direct_blocks(S, T, opts):
 def chunk_bounds(work, n_workers) -> list:
     """Contiguous chunks ``[(lo, hi), …]`` of the blocks, of about equal total ``work``; empty chunks dropped.
 
-    Chunk ``c`` ends at the first block boundary where the cumulative work
-    reaches ``(c+1)/n_workers`` of the total (integer arithmetic): a function of
-    ``work`` and ``n_workers`` only.
+    Chunk ``c`` ends at the block boundary nearest to ``(c+1)/n_workers`` of the
+    total work (integer arithmetic): a function of ``work`` and ``n_workers`` only.
     """
     work = np.asarray(work, dtype=np.int64)
     n = len(work)
@@ -177,7 +176,10 @@ def chunk_bounds(work, n_workers) -> list:
     total = int(work.sum())
     bounds = [0]
     for c in range(1, int(n_workers)):
-        b = int(np.searchsorted(cum, c * total, side="left"))
+        target = c * total
+        b = int(np.searchsorted(cum, target, side="left"))  # first boundary at or past the target
+        if 0 < b <= n and target - cum[b - 1] <= cum[b] - target:  # the nearer of the two boundaries
+            b -= 1
         bounds.append(min(max(b, bounds[-1]), n))
     bounds.append(n)
     return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]

@@ -320,6 +320,7 @@ def train_two_stage(
     checkpoint_every: int = 0,
     resume: bool = False,
     progress: bool = False,
+    client=None,
 ) -> Trajectory:
     """Run Algorithm 1 (or joint training) exactly and record the trajectory.
 
@@ -357,6 +358,9 @@ def train_two_stage(
         Continue from ``checkpoint_path`` (bit-identical to an uninterrupted run).
     progress : bool
         Show a tqdm progress bar (only when stderr is a terminal).
+    client : dask.distributed.Client, optional
+        Split every exact enumeration over its workers (:mod:`popgrad.engine.distributed`;
+        bit-identical to ``None``, this process).
 
     Returns
     -------
@@ -390,10 +394,10 @@ def train_two_stage(
         loss = float("nan")
         exact = None
         if needs_exact:
-            exact = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps)
+            exact = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps, client=client)
             loss = exact.loss
         elif record and enumerable:
-            loss = exact_loss(task, state.A1, state.A2, cfg.eps)
+            loss = exact_loss(task, state.A1, state.A2, cfg.eps, client=client)
         dA1 = dA2 = None
         if stage == 1 or cfg.schedule == "joint":
             if cfg.gradient == "idealized" and stage == 1:
@@ -416,7 +420,7 @@ def train_two_stage(
                 if exact is not None:
                     exact_dA1 = exact.dA1
                 elif enumerable:
-                    exact_dA1 = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps).dA1
+                    exact_dA1 = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps, client=client).dA1
             if exact_dA1 is not None:
                 cosine = _cos(exact_dA1, ideal)
         return StepValues(loss, dA1, dA2, cosine, exact is not None)
