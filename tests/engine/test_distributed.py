@@ -175,3 +175,17 @@ def test_import_popgrad_does_not_import_dask():
     code = "import sys, popgrad, popgrad.engine.distributed; print('dask' in sys.modules or 'distributed' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_popgrad_run_scheduler(client, tmp_path):
+    from popgrad.app import cli
+
+    tiny = ["--graph", "chain", "--S", "2", "--T", "5", "--atoms", "2", "--steps1", "10", "--steps2", "10",
+            "--no-progress", "--no-sweep"]
+    assert cli.main(["run", *tiny, "--out", str(tmp_path / "a")]) == 0
+    addr = client.scheduler.address
+    assert cli.main(["run", *tiny, "--scheduler", addr, "--out", str(tmp_path / "b")]) == 0
+    a = np.load(tmp_path / "a" / "trajectory.npz")
+    b = np.load(tmp_path / "b" / "trajectory.npz")
+    assert np.array_equal(a["A1"], b["A1"]) and np.array_equal(a["A2"], b["A2"])
+    assert not client.status == "closed"  # the job closes only the client it opened
