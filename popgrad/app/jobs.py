@@ -270,7 +270,8 @@ def connect_scheduler(address: str):
     try:
         return Client(address, timeout="20s")
     except (OSError, TimeoutError) as exc:
-        raise CLIError(f"cannot connect to the Dask scheduler at {address}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CLIError(f"cannot connect to the Dask scheduler at {address}: {why}") from None
 
 
 def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figures: bool = True,
