@@ -123,6 +123,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="output folder (default popgrad_out)")
     r.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.npz")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, e.g. tcp://host:8786: split each exact "
+                   "enumeration of the training over its workers (same results)")
     s = sub.add_parser("summary", help="print the task's graph, prior diagnostics and sizes")
     _add_task_flags(s)
     w = sub.add_parser("sweep", help="run the main job on every cell of a grid (Dask); one row per cell in "
@@ -165,7 +167,7 @@ def main(argv=None) -> int:
             total = sum(float(w.sum()) for _, w in task.enumerate())
             print(f"exact weight total: {total!r} (1 - total = {1 - total:.3e})")
         else:
-            run(cfg, resume=args.resume, progress=not args.no_progress)
+            run(cfg, resume=args.resume, progress=not args.no_progress, scheduler=getattr(args, "scheduler", None))
     except (ValueError, CLIError) as exc:
         print(f"popgrad: error: {exc}", file=sys.stderr)
         return 2

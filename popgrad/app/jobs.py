@@ -382,9 +382,29 @@ def validate_config(cfg: dict):
     return task, train_kwargs
 
 
-def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figures: bool = True) -> dict:
+def connect_scheduler(address: str):
+    """A ``dask.distributed.Client`` connected to the scheduler at ``address`` (``popgrad run --scheduler``)."""
+    from dask.distributed import Client  # imported only when asked for
+
+    try:
+        return Client(address, timeout="20s")
+    except (OSError, TimeoutError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CLIError(f"cannot connect to the Dask scheduler at {address}: {why}") from None
+
+
+def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figures: bool = True,
+        client=None, scheduler: str | None = None) -> dict:
     """The main job for any task kind. Returns the report dictionary; ``figures=False`` skips the PNG
-    figures (``popgrad sweep``)."""
+    figures (``popgrad sweep``). ``client`` (a ``dask.distributed.Client``), or ``scheduler`` (an address
+    to connect to, closed at the end): split the training's exact enumerations over its workers
+    (:mod:`popgrad.engine.distributed`; same bits)."""
+    if client is None and scheduler:
+        client = connect_scheduler(scheduler)
+        try:
+            return run(cfg, resume, progress, log, figures, client=client)
+        finally:
+            client.close()
     task, train_kwargs = validate_config(cfg)
     multi = isinstance(task, MultiParentTask)
     out, ckpt = output_paths(cfg, resume)
@@ -394,7 +414,7 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figur
     os.makedirs(out, exist_ok=True)
     train = train_multi_head if multi else train_two_stage
     traj = train(task, **train_kwargs, checkpoint_path=ckpt, checkpoint_every=cfg["checkpoint_every"],
-                 resume=resume, progress=progress)
+                 resume=resume, progress=progress, client=client)
     t_train = time.perf_counter() - t0
     log(f"training: {traj.status} after step {int(traj.step[-1])} in {t_train:.1f} s {traj.message}".rstrip())
 

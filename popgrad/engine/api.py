@@ -18,6 +18,7 @@ caches are keyed by ``task.fingerprint`` (equal tasks share them);
 """
 from __future__ import annotations
 
+import sys
 import warnings
 
 from ..task.tasks import MultiParentTask
@@ -36,7 +37,8 @@ __all__ = [
 ]
 
 
-def exact_loss_and_grad(task, A1, A2, eps=None, symmetry="auto", engine="auto", options=None) -> LossAndGrad:
+def exact_loss_and_grad(task, A1, A2, eps=None, symmetry="auto", engine="auto", options=None,
+                        client=None) -> LossAndGrad:
     """Exact population loss and gradients of the reduced model (DESIGN §3–§4).
 
     Parameters
@@ -72,6 +74,13 @@ def exact_loss_and_grad(task, A1, A2, eps=None, symmetry="auto", engine="auto", 
         Ignored for k-parent tasks (one engine).
     options : EngineOptions, optional
         Engine tunables (block sizes, caches); default :data:`DEFAULT_OPTIONS`.
+    client : dask.distributed.Client, optional
+        Split this one enumeration over the client's workers
+        (:mod:`popgrad.engine.distributed`): the engine's blocks in contiguous
+        chunks, one per worker, each worker keeping the task, its plan and
+        weight cache between calls; the per-block partial sums are added in
+        block order, so the result is bit-identical to ``client=None``.
+        Every engine (prefix, direct, k-head). ``None``: this process.
 
     Returns
     -------
@@ -86,13 +95,13 @@ def exact_loss_and_grad(task, A1, A2, eps=None, symmetry="auto", engine="auto", 
         If ``S**T`` exceeds ``task.max_sequences`` (raised before any work).
     """
     A1, A2, eps = validate(task, A1, A2, eps)
-    return _dispatch(task, A1, A2, eps, True, symmetry, engine, options)
+    return _dispatch(task, A1, A2, eps, True, symmetry, engine, options, client)
 
 
-def exact_loss(task, A1, A2, eps=None, symmetry="auto", engine="auto", options=None) -> float:
+def exact_loss(task, A1, A2, eps=None, symmetry="auto", engine="auto", options=None, client=None) -> float:
     """Exact population loss only (forward pass; cheaper than :func:`exact_loss_and_grad`).
 
-    Same parameters, conventions and errors as :func:`exact_loss_and_grad`.
+    Same parameters (``client`` too), conventions and errors as :func:`exact_loss_and_grad`.
 
     Returns
     -------
@@ -100,19 +109,23 @@ def exact_loss(task, A1, A2, eps=None, symmetry="auto", engine="auto", options=N
         ``L = -Σ_s Σ_c w(s, c) log(f_c(s) + ε)``.
     """
     A1, A2, eps = validate(task, A1, A2, eps)
-    return _dispatch(task, A1, A2, eps, False, symmetry, engine, options).loss
+    return _dispatch(task, A1, A2, eps, False, symmetry, engine, options, client).loss
 
 
-def _dispatch(task, A1, A2, eps, want_grad, symmetry, engine, options) -> LossAndGrad:
+def _dispatch(task, A1, A2, eps, want_grad, symmetry, engine, options, client=None) -> LossAndGrad:
     """Run the engine of the task's kind on validated input (lean: the training loop calls it often)."""
     opts = options_or_default(options)
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if symmetry not in _symmetry.SYMMETRY_MODES:
         raise ValueError(f"symmetry must be one of {_symmetry.SYMMETRY_MODES}, got {symmetry!r}")
+    if isinstance(task, MultiParentTask) and symmetry == "on":
+        raise ValueError("symmetry='on': the k-head engine has no orbit reduction; use symmetry='auto' or 'off'")
+    if client is not None:  # one enumeration over the client's workers (imports no Dask itself)
+        from . import distributed as _distributed
+
+        return _distributed.loss_grad(task, A1, A2, eps, want_grad, engine, symmetry, opts, client)
     if isinstance(task, MultiParentTask):
-        if symmetry == "on":
-            raise ValueError("symmetry='on': the k-head engine has no orbit reduction; use symmetry='auto' or 'off'")
         return _multi.loss_grad(task, A1, A2, eps, want_grad, opts)
     return _single.loss_grad(task, A1, A2, eps, want_grad, engine, symmetry, opts)
 
@@ -163,6 +176,9 @@ def clear_caches() -> None:
     """
     _single.clear_plans()
     _symmetry._CLOSED.clear()
+    dist = sys.modules.get(__package__ + ".distributed")
+    if dist is not None:  # the worker-side caches of this process (a worker, or a threads-only cluster)
+        dist.clear_worker_caches()
 
 
 # ------------------------------------------------------- deprecated aliases (one release)

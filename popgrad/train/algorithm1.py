@@ -353,6 +353,7 @@ def train_two_stage(
     stage2: str = "exact",
     samples: int | None = None,
     sample_seed: int = 0,
+    client=None,
 ) -> Trajectory:
     """Run Algorithm 1 (or joint training) exactly and record the trajectory.
 
@@ -405,6 +406,9 @@ def train_two_stage(
         (:func:`popgrad.engine.sampled.default_samples`).
     sample_seed : int
         Seed of the Stage-2 sample.
+    client : dask.distributed.Client, optional
+        Split every exact enumeration over its workers (:mod:`popgrad.engine.distributed`;
+        bit-identical to ``None``, this process).
 
     Returns
     -------
@@ -459,10 +463,10 @@ def train_two_stage(
         loss = float("nan")
         exact = None
         if needs_exact:
-            exact = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps)
+            exact = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps, client=client)
             loss = exact.loss
         elif record and enumerable:
-            loss = exact_loss(task, state.A1, state.A2, cfg.eps)
+            loss = exact_loss(task, state.A1, state.A2, cfg.eps, client=client)
         dA1 = dA2 = None
         if stage == 1 or cfg.schedule == "joint":
             if cfg.gradient == "idealized" and stage == 1:
@@ -485,7 +489,7 @@ def train_two_stage(
                 if exact is not None:
                     exact_dA1 = exact.dA1
                 elif enumerable:
-                    exact_dA1 = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps).dA1
+                    exact_dA1 = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps, client=client).dA1
             if exact_dA1 is not None:
                 cosine = _cos(exact_dA1, ideal)
         return StepValues(loss, dA1, dA2, cosine, exact is not None)

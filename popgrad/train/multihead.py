@@ -112,6 +112,7 @@ def train_multi_head(
     checkpoint_every: int = 0,
     resume: bool = False,
     progress: bool = False,
+    client=None,
 ) -> Trajectory:
     """Train the k-head model exactly and record the trajectory.
 
@@ -141,7 +142,7 @@ def train_multi_head(
     divergence_patience : int
         Stop after this many consecutive loss increases (or at once on a
         non-finite loss or parameter).
-    checkpoint_path, checkpoint_every, resume, progress
+    checkpoint_path, checkpoint_every, resume, progress, client
         As in :func:`popgrad.train_two_stage`.
 
     Returns
@@ -171,7 +172,7 @@ def train_multi_head(
     joint = cfg.schedule == "joint"
 
     def evaluate(t, stage, record) -> StepValues:
-        res = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps)
+        res = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps, client=client)
         return StepValues(res.loss, res.dA1, res.dA2, float("nan"), True)
 
     return run_schedule(
