@@ -34,7 +34,9 @@ import os
 import time
 
 from .. import checks as C
-from .._validation import is_int
+from .._io import OutputDir, OutputDirError, check_output_dir
+from .._validation import as_int, is_int
+from ..task.priors import MAX_CLOSURE_ATOMS
 from ..task import (
     DEFAULT_MAX_SEQUENCES,
     CausalGraph,
@@ -48,7 +50,15 @@ from ..task import (
     random_tree,
     two_parent,
 )
-from ..train.algorithm1 import GRADIENTS, SCHEDULES, MultiHeadTrainConfig, TrainConfig, train_two_stage
+from ..train.algorithm1 import (
+    GRADIENTS,
+    SCHEDULES,
+    MultiHeadTrainConfig,
+    TrainConfig,
+    idealized_available,
+    load_checkpoint,
+    train_two_stage,
+)
 from ..train.multihead import train_multi_head
 from .plots import (
     plot_attention,
@@ -60,7 +70,16 @@ from .plots import (
 )
 from .report import build_report, write_report
 
-__all__ = ["DEFAULTS", "MULTI_PARENT_DEFAULTS", "MULTI_PARENT_GRAPHS", "CLIError", "build_task", "run"]
+__all__ = ["DEFAULTS", "MULTI_PARENT_DEFAULTS", "MULTI_PARENT_GRAPHS", "CLIError", "build_task", "run", "RUN_OUTPUTS",
+           "EXIT_DIVERGED"]
+
+#: Every file ``popgrad run`` may write into ``--out`` (besides ``checkpoint.npz``); those a run does
+#: not produce are removed when it finishes (stale outputs of an earlier, different run).
+RUN_OUTPUTS = ("report.json", "report.md", "trajectory.npz", "attention.png", "loss.png", "gradient_cosine.png",
+               "attention_to_parent.png")
+
+#: Exit status of ``popgrad run`` when training diverged (the report is written, with the status).
+EXIT_DIVERGED = 3
 
 #: ``--graph`` values that build a multi-parent task.
 MULTI_PARENT_GRAPHS = ("ngram", "two-parent")
@@ -119,11 +138,33 @@ def build_graph(spec: str, T: int, seed: int):
     if spec == "random":
         return random_tree(T, seed=seed, root_prob=0.2)
     if "," in spec or spec.lstrip("-").isdigit():
-        return CausalGraph.from_string(spec)
+        return parse_parents(spec)
     raise CLIError(
         f"unknown --graph {spec!r}: use chain, icl, random, ngram (with --n), two-parent, "
         "or a parents string such as -1,0,0,1,-1"
     )
+
+
+def parse_parents(spec: str):
+    """``--graph`` as a parents string, every error naming the flag and the entry at fault."""
+    parts = [p.strip() for p in spec.split(",")]
+    for i, part in enumerate(parts):
+        if not part.lstrip("-").isdigit():
+            raise CLIError(f"--graph {spec!r}: entry {i} = {part!r} is not an integer: give parents such as "
+                           "-1,0,0,1,-1 (-1 for a root, else an earlier position)")
+        v = int(part)
+        if i == len(parts) - 1 and v != -1:
+            raise CLIError(f"--graph {spec!r}: the last entry (the query) must be -1, got {v}")
+        if not -1 <= v < i:
+            where = "a root" if i == 0 else f"-1 for a root or a position in 0..{i - 1}"
+            raise CLIError(f"--graph {spec!r}: entry {i} = {v} is not a valid parent: position {i} can only have "
+                           f"{'-1 (' + where + ')' if i == 0 else where}")
+    if not 2 <= len(parts) <= MAX_T:
+        raise CLIError(f"--graph {spec!r} has {len(parts)} positions: use 2 <= T <= {MAX_T}")
+    try:
+        return CausalGraph.from_string(spec)
+    except ValueError as exc:
+        raise CLIError(f"--graph {spec!r}: {exc}") from None
 
 
 def graph_family(spec: str, seed: int):
@@ -141,9 +182,7 @@ def check_schedule(cfg: dict) -> None:
 
 def output_paths(cfg: dict, resume: bool):
     """``(out, checkpoint)`` paths, validated before anything is written."""
-    out = cfg["out"]
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise CLIError(f"--out {out} exists and is not a folder: choose another --out")
+    out = check_output_dir(cfg["out"], "--out", RUN_OUTPUTS + ("checkpoint.npz",))
     ckpt = os.path.join(out, "checkpoint.npz")
     if resume and not os.path.exists(ckpt):
         raise CLIError(f"--resume: no checkpoint at {ckpt}; run once without --resume")
@@ -172,6 +211,7 @@ def build_task(cfg: dict):
         raise CLIError(f"--T {T} is out of range: use 2 <= T <= {MAX_T}")
     if not cfg["alpha"] > 0:
         raise CLIError(f"--alpha {cfg['alpha']} must be > 0 (Dirichlet concentration)")
+    check_closure_size(cfg)
     if cfg["graph"] in MULTI_PARENT_GRAPHS:
         if cfg["graph"] == "ngram":
             n = cfg.get("n", 3)
@@ -188,6 +228,48 @@ def build_task(cfg: dict):
         S, cfg["alpha"], cfg["atoms"], seed=cfg["seed"], symmetrize=True, uniform_mean=cfg["uniform_mean"]
     )
     return Task(graph, prior, max_sequences=cfg["max_sequences"])
+
+
+def check_closure_size(cfg: dict) -> None:
+    """Refuse, before anything is built, a relabeling closure too large to enumerate."""
+    import math
+
+    multi = cfg["graph"] in MULTI_PARENT_GRAPHS
+    atoms, S = cfg["atoms"], cfg["S"]
+    n_relabel = math.factorial(S) * (1 if not multi else 1)
+    if not multi and atoms * n_relabel > MAX_CLOSURE_ATOMS:
+        most = MAX_CLOSURE_ATOMS // n_relabel
+        fix = f"use --atoms {most} or fewer" if most >= 1 else "use a smaller --S"
+        raise CLIError(f"--S {S} --atoms {atoms}: the prior closed under all {S}! relabelings has "
+                       f"{atoms * n_relabel:,} atoms (limit {MAX_CLOSURE_ATOMS:,}): {fix}")
+
+
+def prepare(cfg: dict, resume: bool):
+    """Every check of a run, before anything is written: ``(task, train_kwargs, multi, out, ckpt)``."""
+    task = build_task(cfg)
+    multi = isinstance(task, MultiParentTask)
+    gradients = ("exact",) if multi else GRADIENTS
+    if cfg["gradient"] not in gradients:
+        if multi:
+            raise CLIError(f"--gradient {cfg['gradient']} is not available for multi-parent graphs: use exact")
+        raise CLIError(f"--gradient {cfg['gradient']!r}: use {' or '.join(GRADIENTS)}")
+    check_schedule(cfg)
+    # Everything below needs the exact population (checks, Stage 2): guard first.
+    task.check_size()
+    if cfg["gradient"] == "idealized" and not idealized_available(task):
+        raise CLIError(f"--gradient idealized --alpha {cfg['alpha']}: a prior draw is reducible (a stationary "
+                       "probability is 0) and the idealized gradient divides by it: use --gradient exact or a "
+                       "larger --alpha")
+    try:
+        as_int(cfg["checkpoint_every"], "--checkpoint-every", minimum=0)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    train_kwargs = _train_kwargs(cfg, multi)
+    config = (MultiHeadTrainConfig if multi else TrainConfig)(**train_kwargs).validate()
+    out, ckpt = output_paths(cfg, resume)
+    if resume:
+        load_checkpoint(ckpt, task, config)  # a damaged checkpoint is refused now, not after the folder is locked
+    return task, train_kwargs, multi, out, ckpt
 
 
 # --------------------------------------------------------------------- run
@@ -265,39 +347,54 @@ def _plots_multi(out, task, traj, A1_hat, refs):
 
 def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figures: bool = True) -> dict:
     """The main job for any task kind. Returns the report dictionary; ``figures=False`` skips the PNG
-    figures (``popgrad sweep``)."""
-    task = build_task(cfg)
-    multi = isinstance(task, MultiParentTask)
-    gradients = ("exact",) if multi else GRADIENTS
-    if cfg["gradient"] not in gradients:
-        if multi:
-            raise CLIError(f"--gradient {cfg['gradient']} is not available for multi-parent graphs: use exact")
-        raise CLIError(f"--gradient {cfg['gradient']!r}: use {' or '.join(GRADIENTS)}")
-    check_schedule(cfg)
-    # Everything below needs the exact population (checks, Stage 2): guard first.
-    task.check_size()
-    train_kwargs = _train_kwargs(cfg, multi)
-    (MultiHeadTrainConfig if multi else TrainConfig)(**train_kwargs).validate()
-    out, ckpt = output_paths(cfg, resume)
+    figures (``popgrad sweep``).
 
+    Everything that can be checked is checked first (:func:`prepare`); the folder is then written as
+    a whole through :class:`popgrad._io.OutputDir` (locked, staged, stale outputs removed), except
+    ``checkpoint.npz``, written in place so that ``--resume`` works after an interrupt. A diverged
+    run still writes its report (``report["trajectory"]["status"] == "diverged"``).
+    """
+    task, train_kwargs, multi, out, _ = prepare(cfg, resume)
     log(task.summary())
     t0 = time.perf_counter()
-    os.makedirs(out, exist_ok=True)
-    train = train_multi_head if multi else train_two_stage
-    traj = train(task, **train_kwargs, checkpoint_path=ckpt, checkpoint_every=cfg["checkpoint_every"],
-                 resume=resume, progress=progress)
-    t_train = time.perf_counter() - t0
-    log(f"training: {traj.status} after step {int(traj.step[-1])} in {t_train:.1f} s {traj.message}".rstrip())
+    with OutputDir(out, outputs=RUN_OUTPUTS, flag="--out") as od:
+        ckpt = od.keep("checkpoint.npz")
+        train = train_multi_head if multi else train_two_stage
+        traj = train(task, **train_kwargs, checkpoint_path=ckpt, checkpoint_every=cfg["checkpoint_every"],
+                     resume=resume, progress=progress)
+        t_train = time.perf_counter() - t0
+        log(f"training: {traj.status} after step {int(traj.step[-1])} in {t_train:.1f} s {traj.message}".rstrip())
 
-    refs = C.reference_losses(task)
-    A1_hat = traj.A1[traj.stage1_end] if cfg["schedule"] == "two-stage" else traj.final_A1
-    results, extra = (_checks_multi if multi else _checks_single)(cfg, task, traj, A1_hat, refs)
-    extra = {"timing_seconds": {"training": t_train, "total": time.perf_counter() - t0}, **extra}
-    report = build_report(cfg, task, traj, results, refs, extra)
+        refs = C.reference_losses(task)
+        diverged = traj.status != "completed"
+        if cfg["schedule"] == "two-stage" and not diverged:
+            A1_hat = traj.A1[traj.stage1_end]
+        else:
+            A1_hat = traj.final_A1
+        if diverged:
+            results, extra = _checks_diverged(traj), {}
+        else:
+            results, extra = (_checks_multi if multi else _checks_single)(cfg, task, traj, A1_hat, refs)
+        extra = {"timing_seconds": {"training": t_train, "total": time.perf_counter() - t0}, **extra}
+        report = build_report(cfg, task, traj, results, refs, extra)
 
-    traj.save(os.path.join(out, "trajectory.npz"))
-    if figures:
-        (_plots_multi if multi else _plots_single)(out, task, traj, A1_hat, refs)
-    write_report(out, report)
+        stage = od.staging
+        traj.save(os.path.join(stage, "trajectory.npz"))
+        if figures:
+            if diverged:
+                plot_loss(traj, refs, os.path.join(stage, "loss.png"))
+            else:
+                (_plots_multi if multi else _plots_single)(stage, task, traj, A1_hat, refs)
+        write_report(stage, report)
+        try:
+            od.commit()
+        except OSError as exc:
+            raise OutputDirError(f"--out {out}: cannot write the outputs: {exc.strerror or exc}") from None
     log_checks(results, out, log)
     return report
+
+
+def _checks_diverged(traj):
+    reason = f"training diverged: {traj.message}"
+    names = ("graph_recovery", "gradient_alignment", "loss_convergence", "ood_generalization", "roots_uniform")
+    return [C.not_applicable(name, "", reason) for name in names]

@@ -558,6 +558,11 @@ def train_two_stage(
 
     graph = task.graph
     field_M = stage1_field(task, cfg.eps).M if cfg.gradient == "field" else None
+    # The idealized gradient divides by the stationary probabilities: without it, no cosine is recorded.
+    has_ideal = idealized_available(task)
+    if cfg.gradient == "idealized" and not has_ideal:
+        raise ValueError("gradient='idealized' needs every prior draw to have stationary probabilities > 0 "
+                         "(a reducible draw, e.g. from a small alpha, has zeros): use gradient='exact' or 'field'")
 
     def evaluate(t, stage, record) -> StepValues:
         # Stage 2, joint training and the step that starts Stage 2 need the exact gradient.
@@ -580,7 +585,7 @@ def train_two_stage(
         if exact is not None:
             dA2 = exact.dA2
         cosine = float("nan")
-        if record and stage == 1:
+        if record and stage == 1 and has_ideal:
             if cfg.gradient == "exact":
                 exact_dA1, ideal = dA1, idealized_grad_A1(task, state.A1, cfg.beta0)
             elif cfg.gradient == "field":  # the exact first-order gradient against Knowl 3's prediction
@@ -601,6 +606,13 @@ def train_two_stage(
         eta1=cfg.eta1(task), eta2=cfg.eta2(task), checkpoint_path=checkpoint_path,
         checkpoint_every=checkpoint_every, progress=progress,
     )
+
+
+def idealized_available(task) -> bool:
+    """Whether the idealized gradient exists for ``task``'s prior (every stationary probability > 0)."""
+    prior = task.prior
+    mu = prior.invariant_view()[2] if hasattr(prior, "invariant_view") else prior.stationary
+    return bool(np.all(np.asarray(mu) > 0))
 
 
 class StepValues(NamedTuple):
