@@ -251,7 +251,10 @@ def _join_graph_value(argv):
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = _parser().parse_args(_join_graph_value(argv))
+    try:
+        args = _parser().parse_args(_join_graph_value(argv))
+    except SystemExit as exc:  # a one-line usage error (2), or --help/--version (0): main returns the status
+        return exc.code if isinstance(exc.code, int) else 2
     if args.command == "sweep":
         from .sweep import main_sweep  # imports Dask: only for this command
 

@@ -356,6 +356,10 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figur
     """
     task, train_kwargs, multi, out, _ = prepare(cfg, resume)
     log(task.summary())
+    from ..engine._kernels.cache import kernels_cached
+
+    if not kernels_cached():
+        log("compiling kernels (first run only)…")
     t0 = time.perf_counter()
     with OutputDir(out, outputs=RUN_OUTPUTS, flag="--out") as od:
         ckpt = od.keep("checkpoint.npz")
