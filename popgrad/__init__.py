@@ -14,6 +14,8 @@ See ``docs/DESIGN.md`` for the conventions (0-based positions, query last,
 """
 __version__ = "0.2.0"
 
+from . import _interrupt  # noqa: F401  (Ctrl-C during the CLI's imports: one line, no traceback)
+
 from .task import (
     DEFAULT_MAX_SEQUENCES,
     CausalGraph,

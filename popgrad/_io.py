@@ -1,13 +1,32 @@
-"""Atomic file output: every file popgrad writes appears whole or not at all."""
+"""Atomic file output: every file popgrad writes appears whole or not at all.
+
+* :func:`atomic_path` / :func:`atomic_write_text` / :func:`atomic_savez`: one
+  file, written to a temporary sibling, ``fsync``-ed, then renamed into place
+  (and the folder ``fsync``-ed), so a crash, a full disk or a signal leaves
+  either the old file or the new one, never a part.
+* :class:`OutputDir`: the one mechanism for an output folder (``--out``):
+  :func:`check_output_dir` validates the path before anything is written;
+  entering the context creates the folder and takes its lock
+  (``.popgrad.lock`` holding the PID; a lock whose process is gone is stale
+  and taken over); files are written into a staging folder inside it and
+  moved into place together by :meth:`OutputDir.commit`, which first removes
+  the outputs of an earlier, different run that this run does not produce.
+  On an error nothing of the run is left behind except :meth:`OutputDir.keep`
+  files (the checkpoint), which are written in place, atomically, so that an
+  interrupted run can be resumed.
+"""
 from __future__ import annotations
 
+import errno
 import os
+import shutil
+import signal
 import tempfile
 from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_savez"]
+__all__ = ["atomic_path", "atomic_write_text", "atomic_savez", "OutputDir", "OutputDirError", "check_output_dir"]
 
 
 def _default_mode() -> int:
@@ -31,10 +50,35 @@ def atomic_path(path):
     try:
         yield tmp
         os.chmod(tmp, _default_mode())
+        _fsync_file(tmp)
         os.replace(tmp, path)
+        _fsync_dir(folder)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _fsync_file(path) -> None:
+    """Flush ``path``'s data to the disk (so a rename never exposes an empty or partial file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(folder) -> None:
+    """Flush a folder's entries (a rename) to the disk; a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path, text: str) -> None:
@@ -49,3 +93,228 @@ def atomic_savez(path, **arrays) -> None:
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:
             np.savez(fh, **arrays)
+
+
+# --------------------------------------------------------------- out folder
+class OutputDirError(ValueError):
+    """An output folder that cannot be used (named, with the way out); the CLI prints it as one line."""
+
+
+LOCK_NAME = ".popgrad.lock"
+STAGING_PREFIX = ".staging-"
+
+
+def _describe(exc: OSError) -> str:
+    if exc.errno == errno.ENOSPC:
+        return "no space left on the device"
+    return exc.strerror or str(exc)
+
+
+def check_output_dir(path, flag: str = "--out", names=()) -> str:
+    """Validate an output folder path *without writing anything*; returns it as a ``str``.
+
+    Refuses an empty path, a path whose folder or any parent is a regular
+    file, a dangling symbolic link, and a folder (or its first existing
+    parent) that is not writable, and a folder standing where one of the
+    files ``names`` goes, each with an :class:`OutputDirError` naming ``flag``.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise OutputDirError(f"{flag} must be a folder path, got {path!r}")
+    path = os.fspath(path)
+    if not path.strip():
+        raise OutputDirError(f"{flag} is empty: give a folder path, e.g. {flag} popgrad_out")
+    if os.path.islink(path) and not os.path.exists(path):
+        raise OutputDirError(f"{flag} {path} is a dangling symbolic link (to {os.readlink(path)}): "
+                             "remove it or choose another folder")
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise OutputDirError(f"{flag} {path} exists and is not a folder: choose another {flag}")
+        probe = path
+    else:
+        probe = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(probe):
+            if os.path.islink(probe):
+                raise OutputDirError(f"{flag} {path}: {probe} is a dangling symbolic link: choose another {flag}")
+            probe = os.path.dirname(probe)
+        if not os.path.isdir(probe):
+            raise OutputDirError(f"{flag} {path}: {probe} is a file, not a folder: choose another {flag}")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise OutputDirError(f"{flag} {path}: {probe} is not writable: choose another {flag}")
+    _check_targets(path, names, flag)
+    return path
+
+
+def _check_targets(root, names, flag) -> None:
+    for name in names:
+        target = os.path.join(root, name)
+        if os.path.isdir(target):
+            raise OutputDirError(f"{flag} {root}: {target} is a folder where popgrad writes its {name}: "
+                                 f"remove it or choose another {flag}")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:
+        return False
+    return True
+
+
+class OutputDir:
+    """An output folder written as a whole (see the module doc).
+
+    ``outputs`` names every file a run of this kind may produce; those not
+    produced by this run are removed at :meth:`commit` (stale outputs of an
+    earlier, different run). Use::
+
+        with OutputDir(path, outputs=(...), flag="--out") as od:
+            write(od.path("report.json"))     # staged
+            ckpt = od.keep("checkpoint.npz")  # in place (atomic writes), survives an interrupt
+            od.commit()
+
+    Leaving the context without :meth:`commit` (an error, an interrupt)
+    removes the staging folder, and the folder itself when this run created
+    it and it is empty; the lock is released in every case.
+    """
+
+    def __init__(self, path, outputs=(), flag: str = "--out"):
+        self.flag = flag
+        self.root = check_output_dir(path, flag, outputs)
+        self.outputs = tuple(outputs)
+        self.staging = None
+        self.created = False
+        self._lock = os.path.join(self.root, LOCK_NAME)
+        self._locked = False
+        self._staged = set()
+
+    # -- lock
+    def _acquire(self) -> None:
+        for _ in range(3):
+            try:
+                fd = os.open(self._lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                try:
+                    with open(self._lock, encoding="utf-8") as fh:
+                        pid = int(fh.read().strip() or "0")
+                except (OSError, ValueError):
+                    pid = 0
+                if pid != os.getpid() and _pid_alive(pid):
+                    raise OutputDirError(
+                        f"{self.flag} {self.root} is in use by another popgrad run (PID {pid}, lock "
+                        f"{self._lock}): wait for it to finish or choose another {self.flag}"
+                    ) from None
+                try:  # stale: its process is gone
+                    os.unlink(self._lock)
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(f"{os.getpid()}\n")
+            self._locked = True
+            return
+        raise OutputDirError(f"{self.flag} {self.root}: cannot take the lock {self._lock}: try again")
+
+    def _release(self) -> None:
+        if self._locked:
+            self._locked = False
+            try:
+                os.unlink(self._lock)
+            except OSError:
+                pass
+
+    # -- context
+    def __enter__(self) -> "OutputDir":
+        try:
+            if not os.path.isdir(self.root):
+                os.makedirs(self.root)
+                self.created = True
+            self._acquire()
+            for name in os.listdir(self.root):  # staging folders of runs that were killed
+                full = os.path.join(self.root, name)
+                if name.startswith(STAGING_PREFIX) and not _pid_alive(_staging_pid(name)):
+                    shutil.rmtree(full, ignore_errors=True)
+            self.staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=self.root)
+        except OSError as exc:
+            self._cleanup()
+            raise OutputDirError(f"{self.flag} {self.root}: cannot create the output folder: {_describe(exc)}") from None
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self._cleanup()
+        return False
+
+    def _cleanup(self) -> None:
+        # Signals would leave a half-removed staging folder: hold SIGINT/SIGTERM meanwhile.
+        with _signals_deferred():
+            if self.staging is not None:
+                shutil.rmtree(self.staging, ignore_errors=True)
+                self.staging = None
+            self._release()
+            if self.created:
+                try:
+                    os.rmdir(self.root)  # only when empty
+                except OSError:
+                    pass
+
+    # -- files
+    def path(self, name: str) -> str:
+        """Where to write output ``name``: inside the staging folder until :meth:`commit`."""
+        self._staged.add(name)
+        return os.path.join(self.staging, name)
+
+    def keep(self, name: str) -> str:
+        """A file written in place (atomically, by its writer) that survives an interrupt: the checkpoint."""
+        return os.path.join(self.root, name)
+
+    def commit(self) -> None:
+        """Remove stale outputs, then move every staged file into place (each rename is atomic)."""
+        produced = set(os.listdir(self.staging))
+        missing = self._staged - produced
+        if missing:
+            raise OutputDirError(f"{self.flag} {self.root}: {', '.join(sorted(missing))} were not written")
+        _check_targets(self.root, sorted(produced), self.flag)
+        with _signals_deferred():
+            for name in self.outputs:
+                target = os.path.join(self.root, name)
+                if name not in produced and os.path.lexists(target) and not os.path.isdir(target):
+                    os.unlink(target)
+            for name in sorted(produced):
+                os.replace(os.path.join(self.staging, name), os.path.join(self.root, name))
+            _fsync_dir(self.root)
+
+
+def _staging_pid(name: str) -> int:
+    try:
+        return int(name[len(STAGING_PREFIX):].split("-", 1)[0])
+    except ValueError:
+        return 0
+
+
+@contextmanager
+def _signals_deferred():
+    """Delay SIGINT/SIGTERM until the block is done (main thread only; elsewhere a no-op)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending = []
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old[sig] = signal.signal(sig, lambda s, f: pending.append(s))
+        except (ValueError, OSError):
+            pass
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        for sig in pending:
+            os.kill(os.getpid(), sig)

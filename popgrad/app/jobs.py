@@ -30,13 +30,16 @@ Multi-parent graphs (``--graph ngram --n N`` or ``--graph two-parent``):
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 
 import numpy as np
 
 from .. import checks as C
-from .._validation import is_int
+from .._io import OutputDir, OutputDirError, check_output_dir
+from .._validation import as_int, is_int
+from ..task.priors import MAX_CLOSURE_ATOMS
 from ..task import (
     DEFAULT_MAX_SEQUENCES,
     CausalGraph,
@@ -58,6 +61,8 @@ from ..train.algorithm1 import (
     STAGE2_METHODS,
     MultiHeadTrainConfig,
     TrainConfig,
+    idealized_available,
+    load_checkpoint,
     train_two_stage,
 )
 from ..train.multihead import train_multi_head
@@ -71,7 +76,16 @@ from .plots import (
 )
 from .report import build_report, write_report
 
-__all__ = ["DEFAULTS", "MULTI_PARENT_DEFAULTS", "MULTI_PARENT_GRAPHS", "CLIError", "build_task", "validate_config", "run"]
+__all__ = ["DEFAULTS", "MULTI_PARENT_DEFAULTS", "MULTI_PARENT_GRAPHS", "CLIError", "build_task", "validate_config",
+           "run", "RUN_OUTPUTS", "EXIT_DIVERGED"]
+
+#: Every file ``popgrad run`` may write into ``--out`` (besides ``checkpoint.npz``); those a run does
+#: not produce are removed when it finishes (stale outputs of an earlier, different run).
+RUN_OUTPUTS = ("report.json", "report.md", "trajectory.npz", "attention.png", "loss.png", "gradient_cosine.png",
+               "attention_to_parent.png")
+
+#: Exit status of ``popgrad run`` when training diverged (the report is written, with the status).
+EXIT_DIVERGED = 3
 
 #: ``--graph`` values that build a multi-parent task.
 MULTI_PARENT_GRAPHS = ("ngram", "two-parent")
@@ -133,11 +147,33 @@ def build_graph(spec: str, T: int, seed: int):
     if spec == "random":
         return random_tree(T, seed=seed, root_prob=0.2)
     if "," in spec or spec.lstrip("-").isdigit():
-        return CausalGraph.from_string(spec)
+        return parse_parents(spec)
     raise CLIError(
         f"unknown --graph {spec!r}: use chain, icl, random, ngram (with --n), two-parent, "
         "or a parents string such as -1,0,0,1,-1"
     )
+
+
+def parse_parents(spec: str):
+    """``--graph`` as a parents string, every error naming the flag and the entry at fault."""
+    parts = [p.strip() for p in spec.split(",")]
+    for i, part in enumerate(parts):
+        if not part.lstrip("-").isdigit():
+            raise CLIError(f"--graph {spec!r}: entry {i} = {part!r} is not an integer: give parents such as "
+                           "-1,0,0,1,-1 (-1 for a root, else an earlier position)")
+        v = int(part)
+        if i == len(parts) - 1 and v != -1:
+            raise CLIError(f"--graph {spec!r}: the last entry (the query) must be -1, got {v}")
+        if not -1 <= v < i:
+            where = "a root" if i == 0 else f"-1 for a root or a position in 0..{i - 1}"
+            raise CLIError(f"--graph {spec!r}: entry {i} = {v} is not a valid parent: position {i} can only have "
+                           f"{'-1 (' + where + ')' if i == 0 else where}")
+    if not 2 <= len(parts) <= MAX_T:
+        raise CLIError(f"--graph {spec!r} has {len(parts)} positions: use 2 <= T <= {MAX_T}")
+    try:
+        return CausalGraph.from_string(spec)
+    except ValueError as exc:
+        raise CLIError(f"--graph {spec!r}: {exc}") from None
 
 
 def graph_family(spec: str, seed: int):
@@ -155,9 +191,7 @@ def check_schedule(cfg: dict) -> None:
 
 def output_paths(cfg: dict, resume: bool):
     """``(out, checkpoint)`` paths, validated before anything is written."""
-    out = cfg["out"]
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise CLIError(f"--out {out} exists and is not a folder: choose another --out")
+    out = check_output_dir(cfg["out"], "--out", RUN_OUTPUTS + ("checkpoint.npz",))
     ckpt = os.path.join(out, "checkpoint.npz")
     if resume and not os.path.exists(ckpt):
         raise CLIError(f"--resume: no checkpoint at {ckpt}; run once without --resume")
@@ -186,6 +220,7 @@ def build_task(cfg: dict):
         raise CLIError(f"--T {T} is out of range: use 2 <= T <= {MAX_T}")
     if not cfg["alpha"] > 0:
         raise CLIError(f"--alpha {cfg['alpha']} must be > 0 (Dirichlet concentration)")
+    check_closure_size(cfg)
     if cfg["graph"] in MULTI_PARENT_GRAPHS:
         if cfg["graph"] == "ngram":
             n = cfg.get("n", 3)
@@ -202,6 +237,22 @@ def build_task(cfg: dict):
         S, cfg["alpha"], cfg["atoms"], seed=cfg["seed"], symmetrize=True, uniform_mean=cfg["uniform_mean"]
     )
     return Task(graph, prior, max_sequences=cfg["max_sequences"])
+
+
+def check_closure_size(cfg: dict) -> None:
+    """Refuse, before anything is built, a k-parent relabeling closure too large to build.
+
+    (A single-parent prior keeps its closure implicit: it is refused only when an exact
+    enumeration would need every atom, by :func:`resolve_methods`.)
+    """
+    multi = cfg["graph"] in MULTI_PARENT_GRAPHS
+    atoms, S = cfg["atoms"], cfg["S"]
+    n_relabel = math.factorial(S)
+    if multi and atoms * n_relabel > MAX_CLOSURE_ATOMS:
+        most = MAX_CLOSURE_ATOMS // n_relabel
+        fix = f"use --atoms {most} or fewer" if most >= 1 else "use a smaller --S"
+        raise CLIError(f"--S {S} --atoms {atoms}: the prior closed under all {S}! relabelings has "
+                       f"{atoms * n_relabel:,} atoms (limit {MAX_CLOSURE_ATOMS:,}): {fix}")
 
 
 # --------------------------------------------------------------------- run
@@ -262,7 +313,7 @@ def _count(task) -> str:
     return f"{n:,}" if n < 10**15 else f"about 10^{task.T * np.log10(task.S):.0f}"
 
 
-def _references(cfg, task, traj):
+def _references(cfg, task, traj, sampled=True):
     """Reference losses, each ``{"value", "kind": "exact"|"sampled"[, "se", "n"]}``; and the Stage-2 objective."""
     enumerable = task.enumerable
     objective = None
@@ -272,7 +323,7 @@ def _references(cfg, task, traj):
         eps = task.default_eps
         refs = {"eps": eps, "L_star": {"value": optimal_loss(task), "kind": "exact"},
                 "L_star_eps": {"value": optimal_loss(task, eps=eps), "kind": "exact"}}
-    if cfg.get("stage2") == "sampled" and traj.stage2_samples:
+    if sampled and cfg.get("stage2") == "sampled" and traj.stage2_samples:
         objective = SampledObjective(task, traj.stage2_samples, cfg["sample_seed"])
         sampled = sampled_reference_losses(objective, traj.final_A1, traj.final_A2)
         for k, v in sampled.items():
@@ -375,11 +426,40 @@ def validate_config(cfg: dict):
     check_schedule(cfg)
     if multi:  # the k-head job needs the exact population throughout: guard first
         task.check_size()
+    if cfg["gradient"] == "idealized" and not idealized_available(task):
+        raise CLIError(f"--gradient idealized --alpha {cfg['alpha']}: a prior draw is reducible (a stationary "
+                       "probability is 0) and the idealized gradient divides by it: use --gradient exact or field, "
+                       "or a larger --alpha")
+    try:
+        as_int(cfg["checkpoint_every"], "--checkpoint-every", minimum=0)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
     train_kwargs = _train_kwargs(cfg, multi)
     (MultiHeadTrainConfig if multi else TrainConfig)(**train_kwargs).validate()
-    if is_int(cfg["checkpoint_every"]) and cfg["checkpoint_every"] < 0:
-        raise CLIError(f"--checkpoint-every must be an integer >= 0, got {cfg['checkpoint_every']}")
     return task, train_kwargs
+
+
+def prepare(cfg: dict, resume: bool):
+    """Every check of a run, before anything is written: ``(task, train_kwargs, multi, out, ckpt)``."""
+    task, train_kwargs = validate_config(cfg)
+    multi = isinstance(task, MultiParentTask)
+    out, ckpt = output_paths(cfg, resume)
+    if resume:  # a damaged checkpoint is refused now, not after the folder is locked
+        config = (MultiHeadTrainConfig if multi else TrainConfig)(**train_kwargs)
+        if not multi:
+            config = _resolved_config(task, config)
+        load_checkpoint(ckpt, task, config)
+    return task, train_kwargs, multi, out, ckpt
+
+
+def _resolved_config(task, config):
+    """The :class:`TrainConfig` that ``train_two_stage`` stores (``stage2="auto"`` resolved) for a checkpoint check."""
+    if config.stage2 != "auto":
+        return config
+    from dataclasses import replace
+
+    stage2 = "exact" if task.enumerable or config.steps2 == 0 else "sampled"
+    return replace(config, stage2=stage2)
 
 
 def connect_scheduler(address: str):
@@ -398,35 +478,66 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figur
     """The main job for any task kind. Returns the report dictionary; ``figures=False`` skips the PNG
     figures (``popgrad sweep``). ``client`` (a ``dask.distributed.Client``), or ``scheduler`` (an address
     to connect to, closed at the end): split the training's exact enumerations over its workers
-    (:mod:`popgrad.engine.distributed`; same bits)."""
+    (:mod:`popgrad.engine.distributed`; same bits).
+
+    Everything that can be checked is checked first (:func:`prepare`); the folder is then written as
+    a whole through :class:`popgrad._io.OutputDir` (locked, staged, stale outputs removed), except
+    ``checkpoint.npz``, written in place so that ``--resume`` works after an interrupt. A diverged
+    run still writes its report (``report["trajectory"]["status"] == "diverged"``).
+    """
     if client is None and scheduler:
         client = connect_scheduler(scheduler)
         try:
             return run(cfg, resume, progress, log, figures, client=client)
         finally:
             client.close()
-    task, train_kwargs = validate_config(cfg)
-    multi = isinstance(task, MultiParentTask)
-    out, ckpt = output_paths(cfg, resume)
-
+    task, train_kwargs, multi, out, _ = prepare(cfg, resume)
     log(task.summary())
+    from ..engine._kernels.cache import kernels_cached
+
+    if not kernels_cached():
+        log("compiling kernels (first run only)…")
     t0 = time.perf_counter()
-    os.makedirs(out, exist_ok=True)
-    train = train_multi_head if multi else train_two_stage
-    traj = train(task, **train_kwargs, checkpoint_path=ckpt, checkpoint_every=cfg["checkpoint_every"],
-                 resume=resume, progress=progress, client=client)
-    t_train = time.perf_counter() - t0
-    log(f"training: {traj.status} after step {int(traj.step[-1])} in {t_train:.1f} s {traj.message}".rstrip())
+    with OutputDir(out, outputs=RUN_OUTPUTS, flag="--out") as od:
+        ckpt = od.keep("checkpoint.npz")
+        train = train_multi_head if multi else train_two_stage
+        traj = train(task, **train_kwargs, checkpoint_path=ckpt, checkpoint_every=cfg["checkpoint_every"],
+                     resume=resume, progress=progress, client=client)
+        t_train = time.perf_counter() - t0
+        log(f"training: {traj.status} after step {int(traj.step[-1])} in {t_train:.1f} s {traj.message}".rstrip())
 
-    refs, objective = _references(cfg, task, traj)
-    A1_hat = traj.A1[traj.stage1_end] if cfg["schedule"] == "two-stage" else traj.final_A1
-    results, extra = (_checks_multi if multi else _checks_single)(cfg, task, traj, A1_hat, refs, objective)
-    extra = {"timing_seconds": {"training": t_train, "total": time.perf_counter() - t0}, **extra}
-    report = build_report(cfg, task, traj, results, refs, extra)
+        diverged = traj.status != "completed"
+        refs, objective = _references(cfg, task, traj, sampled=not diverged)
+        if cfg["schedule"] == "two-stage" and not diverged:
+            A1_hat = traj.A1[traj.stage1_end]
+        else:
+            A1_hat = traj.final_A1
+        if diverged:
+            results, extra = _checks_diverged(traj, multi), {}
+        else:
+            results, extra = (_checks_multi if multi else _checks_single)(cfg, task, traj, A1_hat, refs, objective)
+        extra = {"timing_seconds": {"training": t_train, "total": time.perf_counter() - t0}, **extra}
+        report = build_report(cfg, task, traj, results, refs, extra)
 
-    traj.save(os.path.join(out, "trajectory.npz"))
-    if figures:
-        (_plots_multi if multi else _plots_single)(out, task, traj, A1_hat, refs)
-    write_report(out, report)
+        stage = od.staging
+        traj.save(os.path.join(stage, "trajectory.npz"))
+        if figures:
+            if diverged:
+                plot_loss(traj, refs, os.path.join(stage, "loss.png"))
+            else:
+                (_plots_multi if multi else _plots_single)(stage, task, traj, A1_hat, refs)
+        write_report(stage, report)
+        try:
+            od.commit()
+        except OSError as exc:
+            raise OutputDirError(f"--out {out}: cannot write the outputs: {exc.strerror or exc}") from None
     log_checks(results, out, log)
     return report
+
+
+def _checks_diverged(traj, multi=False):
+    reason = f"training diverged: {traj.message}"
+    names = (("head_specialization", "gradient_alignment", "loss_convergence", "ood_generalization", "roots_uniform")
+             if multi else ("graph_recovery", "gradient_alignment", "field_dpi", "loss_convergence",
+                            "ood_generalization", "roots_uniform"))
+    return [C.not_applicable(name, "", reason) for name in names]

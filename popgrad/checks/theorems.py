@@ -54,6 +54,7 @@ from ..theory.information import idealized_grad_A1
 from ..train.algorithm1 import train_two_stage
 from ..train.multihead import initial_parameters
 from . import _kernels
+from .._validation import as_heads, as_real, as_square
 from .results import CheckResult, SweepFit, _result, fit_power_law, not_applicable
 
 __all__ = [
@@ -84,18 +85,52 @@ __all__ = [
 
 
 # ------------------------------------------------------------ 1. recovery
+def _check_task(task, kinds=(Task,)):
+    if not isinstance(task, kinds):
+        names = " or ".join(f"popgrad.{k.__name__}" for k in kinds)
+        raise TypeError(f"task must be a {names}, got {type(task).__name__}")
+
+
+def _as_A1(task, A1, name: str = "A1") -> np.ndarray:
+    """``A1`` as a finite float64 array of the task's shape (``(T, T)``; ``(k, T, T)`` for k heads)."""
+    if isinstance(task, MultiParentTask):
+        M = as_heads(A1, name)
+        want = (task.k, task.T, task.T)
+    else:
+        M = as_square(A1, name)
+        want = (task.T, task.T)
+    if M.shape != want:
+        raise ValueError(f"{name} must have shape {want} for this task, got {M.shape}")
+    return M
+
+
+def _as_A2(task, A2, name: str = "A2") -> np.ndarray:
+    M = as_heads(A2, name) if np.ndim(A2) == 3 else as_square(A2, name)
+    if M.shape[-2:] != (task.S, task.S):
+        raise ValueError(f"{name} must be {task.S}×{task.S} (S = {task.S}) for this task, got shape {M.shape}")
+    return M
+
+
+def _has_zero_stationary(task) -> bool:
+    _, _, mu = task.prior.invariant_view() if hasattr(task.prior, "invariant_view") else (None, None, task.prior.stationary)
+    return bool(np.any(np.asarray(mu) <= 0))
+
+
 def check_graph_recovery(task: Task, A1, C: float = 1.0) -> CheckResult:
     """Attention to the true parent after Stage 1 ("Knowl 1.1").
 
     Value: ``min_i softmax(A1)[i, p(i)]`` over non-roots; threshold ``1 - C/T``;
     also requires ``argmax_j softmax(A1)[i, j] = p(i)`` for every non-root.
     """
+    _check_task(task)
+    A1 = _as_A1(task, A1)
+    as_real(C, "C", minimum=0, strict=True)
     graph = task.graph
     P = first_layer_attention(A1)
     nr = graph.non_roots
     statement = "softmax(A1)[i, p(i)] >= 1 - O(1/T) for every non-root i (Knowl 1.1)"
     if nr.size == 0:
-        return CheckResult("graph_recovery", 1.0, 1.0, True, ">=", statement, {"note": "graph has no non-root"})
+        return not_applicable("graph_recovery", statement, "the graph has no non-root position: no parent to recover")
     attn = P[nr, graph.parents[nr]]
     argmax_ok = P[nr].argmax(axis=1) == graph.parents[nr]
     threshold = 1.0 - C / task.T
@@ -174,7 +209,21 @@ def check_gradient_alignment(
     with threshold 0.
     """
     statement = "grad_A1 L = -(b0/(S T)) J(P_i)(g_i + O(T_eff^-1/2)) (Knowl 3): error shrinks with T_eff"
+    _check_task(task)
+    as_real(beta0, "beta0", minimum=0, strict=True)
+    if graph_for_T is not None and not callable(graph_for_T):
+        raise TypeError(f"graph_for_T must be a callable T -> graph, or None, got {type(graph_for_T).__name__}")
+    if task.graph.non_roots.size == 0:
+        return not_applicable("gradient_alignment", statement,
+                              "the graph has no non-root position: the Stage-1 gradient has no parent signal")
+    if _has_zero_stationary(task):
+        return not_applicable("gradient_alignment", statement,
+                              "a prior draw has a zero stationary probability (reducible, e.g. a small alpha): "
+                              "the idealized gradient divides by it")
     cos0, rel0, signs = gradient_agreement(task, beta0=beta0)
+    if not np.isfinite(cos0):
+        return not_applicable("gradient_alignment", statement,
+                              "the idealized gradient is zero at initialization: no direction to compare")
     details = {"cosine_at_init": cos0, "relative_error_at_init": rel0, "parent_signs_agree": signs, "beta0": beta0}
     if trajectory is not None:
         stage1 = (trajectory.stage == 1) & np.isfinite(trajectory.cosine)
@@ -237,6 +286,11 @@ def check_loss_convergence(task, A1, A2, beta0: float, eps=None, references=None
     :func:`popgrad.train.multihead.initial_parameters` (``init_seed``,
     ``init_scale``; k-parent: the count estimator is that of "Knowl 9").
     """
+    _check_task(task, (Task, MultiParentTask))
+    A1, A2 = _as_A1(task, A1), _as_A2(task, A2)
+    as_real(beta0, "beta0", minimum=0, strict=True)
+    if references is not None and not isinstance(references, dict):
+        raise TypeError(f"references must be a dict from reference_losses(task), got {type(references).__name__}")
     refs = reference_losses(task, eps) if references is None else references
     T, S = task.T, task.S
     if isinstance(task, MultiParentTask):
@@ -340,10 +394,19 @@ def check_ood(task: Task, A1, A2, pi_ood=None, gamma: float = 0.3, quantile: flo
     sequences drawn from ``π̃`` (exact); threshold: twice the same quantile for
     in-distribution ``π`` (the prior's atoms with their weights).
     """
+    _check_task(task)
+    A1, A2 = _as_A1(task, A1), _as_A2(task, A2)
     S = task.S
     if pi_ood is None:
-        pi_ood = ood_transition(S, gamma)
-    pi_ood = np.asarray(pi_ood, dtype=float)
+        pi_ood = ood_transition(S, as_real(gamma, "gamma", minimum=0, strict=True))
+    pi_ood = as_square(pi_ood, "pi_ood")
+    if pi_ood.shape != (S, S):
+        raise ValueError(f"pi_ood must be an S×S transition matrix, S = {S}, got shape {pi_ood.shape}")
+    if np.any(pi_ood < 0) or not np.allclose(pi_ood.sum(axis=1), 1.0, atol=1e-9):
+        raise ValueError("pi_ood must be a transition matrix: non-negative entries, rows summing to 1")
+    quantile = as_real(quantile, "quantile", minimum=0)
+    if quantile > 1:
+        raise ValueError(f"quantile must be in [0, 1], got {quantile}")
     e_ood, p_ood = sup_error_distribution(task, A1, A2, pi_ood[None], np.ones(1))
     e_in, p_in = sup_error_distribution(task, A1, A2, task.prior.atoms, task.prior.weights)
     q_ood = _weighted_quantile(e_ood, p_ood, quantile)
@@ -373,6 +436,9 @@ def check_roots(task, A1, tol: float = 0.1) -> CheckResult:
     trivially uniform); threshold ``tol``. The query row's distance is in the
     details. For a k-parent task: every head, root rows ``0 < i < T-1``.
     """
+    _check_task(task, (Task, MultiParentTask))
+    A1 = _as_A1(task, A1)
+    tol = as_real(tol, "tol", minimum=0)
     if isinstance(task, MultiParentTask):
         return _roots_multi(task, A1, tol)
     P = first_layer_attention(A1)
@@ -417,6 +483,8 @@ def check_head_specialization(task, A1) -> CheckResult:
     task : popgrad.MultiParentTask
     A1 : array_like, shape (k, T, T)
     """
+    _check_task(task, (MultiParentTask,))
+    A1 = _as_A1(task, A1)
     graph = task.graph
     k, T = graph.k, graph.T
     P = head_attention(A1)

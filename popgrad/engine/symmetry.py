@@ -104,8 +104,13 @@ def exactly_closed(prior) -> bool:
     hit = _CLOSED.get(key)
     if hit is not None and hit[0] is prior:
         return hit[1]
-    closed = closed_under_relabeling(prior.atoms, prior.weights, tol=0.0, weight_tol=1e-14 * float(np.max(prior.weights)),
-                                     extra=prior.stationary, extra_rtol=MU_RTOL)
+    if getattr(prior, "implicit_closure", False):
+        # Built by relabeling every base draw with every permutation (exact copies, equal weights,
+        # stationary distributions relabeled too): closed by construction.
+        closed = True
+    else:
+        closed = closed_under_relabeling(prior.atoms, prior.weights, tol=0.0, weight_tol=1e-14 * float(np.max(prior.weights)),
+                                         extra=prior.stationary, extra_rtol=MU_RTOL)
     _CLOSED[key] = (prior, closed)
     while len(_CLOSED) > _CLOSED_CACHE_SIZE:
         _CLOSED.popitem(last=False)

@@ -116,13 +116,17 @@ def relabel_closure(atoms, weights=None):
             f"closing {K} atoms under all {S}! = {n_perm} relabelings would create {K * n_perm} atoms "
             f"(limit {MAX_CLOSURE_ATOMS}): use symmetrize=False, fewer atoms, or a smaller S"
         )
-    perms = list(itertools.permutations(range(S)))
-    out = np.empty((K * n_perm, S, S))
-    for k in range(K):
-        for m, perm in enumerate(perms):
-            out[k * n_perm + m] = relabel(atoms[k], perm)
+    inv = _inverse_perms(S)
+    # out[k·S! + m] = relabel(atoms[k], perms[m]), i.e. out[.., σ(a), σ(b)] = atoms[k, a, b]: pure copies.
+    out = atoms[:, inv[:, :, None], inv[:, None, :]].reshape(K * n_perm, S, S)
     w = np.repeat(np.asarray(weights, dtype=np.float64) / n_perm, n_perm)
     return out, w
+
+
+def _inverse_perms(S: int) -> np.ndarray:
+    """``(S!, S)`` inverses of the permutations of ``range(S)`` in lexicographic order."""
+    perms = np.array(list(itertools.permutations(range(S))), dtype=np.intp).reshape(-1, S)
+    return np.argsort(perms, axis=1)
 
 
 # ---------------------------------------------------------------- the prior
@@ -266,7 +270,12 @@ class FinitePrior:
             atoms, weights = relabel_closure(b.atoms, b.weights)  # raises, naming the size, when too large
             atoms.setflags(write=False)
             weights.setflags(write=False)
-            self._atoms, self._weights = atoms, weights
+            # The relabeled atoms' stationary distributions are the base ones relabeled (exactly
+            # equivariant, and S!-fold cheaper than GTH on every relabeled atom).
+            inv = _inverse_perms(b.S)
+            mu = b.stationary[:, inv].reshape(-1, b.S)
+            mu.setflags(write=False)
+            self._atoms, self._weights, self._mu = atoms, weights, mu
 
     # ------------------------------------------------------------ properties
     @property
@@ -318,6 +327,8 @@ class FinitePrior:
     @property
     def stationary(self) -> np.ndarray:
         """Read-only ``(K, S)`` stationary distributions (GTH), rows sum to one."""
+        if self._base is not None:
+            self._expand()  # sets the relabeled stationary distributions
         if self._mu is None:
             mu = stationary_distribution(self.atoms)
             mu.setflags(write=False)

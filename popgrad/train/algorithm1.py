@@ -43,7 +43,12 @@ from ..engine.sampled import SampledObjective, default_samples
 from ..task.tasks import Task, TaskTooLargeError
 from ..theory.information import idealized_grad_A1
 
-__all__ = ["TrainConfig", "MultiHeadTrainConfig", "Trajectory", "train_two_stage", "attention_to_parent", "load_checkpoint"]
+__all__ = ["TrainConfig", "MultiHeadTrainConfig", "Trajectory", "train_two_stage", "attention_to_parent", "load_checkpoint",
+           "CheckpointError", "DIVERGENCE_RTOL"]
+
+#: A loss more than this far above its lowest value (relative) counts towards divergence: after
+#: ``divergence_patience`` such steps in a row the run stops with status ``"diverged"``.
+DIVERGENCE_RTOL = 1e-2
 
 #: Stage-1 gradients: the exact one (enumeration), the exact first-order field (DESIGN §12, any T),
 #: the idealized prediction of Knowl 3 (DESIGN §5, any T).
@@ -218,14 +223,31 @@ class Trajectory:
 
     @classmethod
     def load(cls, path) -> "Trajectory":
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in _RECORDED if k in z.files}
-            if "loss_se" not in arrays:  # written by popgrad 0.1
-                arrays["loss_se"] = np.full(arrays["loss"].shape, np.nan)
-            cfg_dict = json.loads(str(z["config_json"]))
-            cfg = (MultiHeadTrainConfig if "init_seed" in cfg_dict else TrainConfig)(**cfg_dict)
-            n = int(z["stage2_samples"]) if "stage2_samples" in z.files else 0
-            return cls(**arrays, status=str(z["status"]), message=str(z["message"]), config=cfg, stage2_samples=n)
+        """Read a ``trajectory.npz`` written by :meth:`save`; ``ValueError`` naming the file otherwise."""
+        path = _as_path(path, "path")
+        keys = ("step", "stage", "loss", "grad_norm", "cosine", "attn_parent", "A1", "A2")
+
+        def bad(what):
+            return ValueError(f"{path} is not a popgrad trajectory file: {what}")
+
+        with _open_npz(path, bad) as z:
+            try:
+                arrays = {k: np.array(z[k]) for k in keys}
+                # written by popgrad 0.1: no standard errors, no sampled Stage 2
+                arrays["loss_se"] = np.array(z["loss_se"]) if "loss_se" in z.files \
+                    else np.full(arrays["loss"].shape, np.nan)
+                samples = int(z["stage2_samples"]) if "stage2_samples" in z.files else 0
+                cfg_dict = json.loads(str(z["config_json"]))
+                status, message = str(z["status"]), str(z["message"])
+                cfg = (MultiHeadTrainConfig if "init_seed" in cfg_dict else TrainConfig)(**cfg_dict)
+            except KeyError as exc:
+                raise bad(f"no entry {exc}") from None
+            except (TypeError, ValueError, AttributeError) as exc:
+                raise bad(f"unreadable entry ({exc})") from None
+        n = len(arrays["step"])
+        if any(np.ndim(v) == 0 or len(v) != n for v in arrays.values()) or status not in ("completed", "diverged"):
+            raise bad("inconsistent record lengths or status")
+        return cls(**arrays, status=status, message=message, config=cfg, stage2_samples=samples)
 
 
 def attention_to_parent(graph, A1) -> np.ndarray:
@@ -256,6 +278,8 @@ class _State:
         self.rec = {k: [] for k in _RECORDED}
         self.increases = 0
         self.prev_loss = math.inf
+        self.best_loss = math.inf  # lowest loss so far, and steps in a row above it (divergence)
+        self.above_best = 0
         self.status = "completed"
         self.message = ""
         self.done = False  # True once the run has finished (completed or diverged)
@@ -279,6 +303,8 @@ def _checkpoint_payload(state, cfg, task):
         "t": state.t,
         "increases": state.increases,
         "prev_loss": state.prev_loss,
+        "best_loss": state.best_loss,
+        "above_best": state.above_best,
         "done": state.done,
         "status": state.status,
         "message": state.message,
@@ -294,36 +320,183 @@ def _fingerprint(task) -> str:
     return task.fingerprint
 
 
-def load_checkpoint(path, task, cfg) -> _State:
-    """Restore the state saved by a checkpoint, checking it belongs to this run."""
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be resumed from (damaged, edited, or not a popgrad checkpoint)."""
+
+
+def _as_path(path, name) -> str:
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise TypeError(f"{name} must be a non-empty file path (str or os.PathLike), got {path!r}")
+    return os.fspath(path)
+
+
+def _open_npz(path, bad):
+    """``np.load(path)`` of an ``.npz`` archive, every failure turned into ``bad(reason)``."""
+    import zipfile
+
     try:
         z = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read checkpoint {path}: {exc}") from None
-    with z:
+    except FileNotFoundError:
+        raise bad("the file does not exist") from None
+    except IsADirectoryError:
+        raise bad("it is a folder") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise bad(f"unreadable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'empty'})") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise bad("it is a single .npy array, not an .npz archive")
+    return z
+
+
+def _should_record(cfg, t: int) -> bool:
+    """Whether step ``t`` is recorded: the first and last step of each stage, and every ``record_every``."""
+    total = cfg.steps1 + cfg.steps2
+    if t in (0, cfg.steps1, total) or (cfg.schedule != "joint" and t == cfg.steps1 + 1):
+        return True
+    return t % cfg.record_every == 0
+
+
+def _stage_of(cfg, t: int) -> int:
+    if cfg.schedule == "joint":
+        return 0
+    return 1 if t <= cfg.steps1 else 2
+
+
+def _param_shapes(task, cfg):
+    T, S = task.T, task.S
+    if isinstance(cfg, MultiHeadTrainConfig):
+        return (task.k, T, T), (task.k, S, S), (task.k, T)
+    return (T, T), (S, S), (T,)
+
+
+def validate_checkpoint(z, path, task, cfg) -> _State:
+    """The :class:`_State` a checkpoint archive ``z`` holds, after checking every field.
+
+    Checks: the metadata (JSON, every key and its type), the task fingerprint
+    and configuration, the step counter (``0 <= t <= steps1 + steps2``), the
+    parameters (shape, float64, finite), and the records (the steps the
+    schedule records up to ``t``, stages, dtypes, shapes). Raises
+    :class:`CheckpointError` naming the file and what is wrong.
+    """
+    def bad(what):
+        return CheckpointError(f"checkpoint {path} is damaged or not a popgrad checkpoint: {what}; "
+                               "delete it or run without --resume")
+
+    try:
         meta = json.loads(str(z["meta_json"]))
-        if meta["atoms_fingerprint"] != _fingerprint(task) or meta["config"] != json.loads(json.dumps(asdict(cfg))):
-            raise ValueError(
-                f"checkpoint {path} belongs to a different task or configuration: "
-                "resume with exactly the settings of the original run, or start afresh without --resume"
-            )
-        state = _State(task, cfg)
-        state.t = int(meta["t"])
-        state.increases = int(meta["increases"])
-        state.prev_loss = float(meta["prev_loss"])
-        state.done = bool(meta["done"])
-        state.status = str(meta["status"])
-        state.message = str(meta["message"])
-        state.A1 = np.array(z["A1"])
-        state.A2 = np.array(z["A2"])
-        for k in state.rec:
-            state.rec[k] = list(np.array(z[f"rec_{k}"]))
+    except KeyError:
+        raise bad("no metadata (meta_json)") from None
+    except (ValueError, TypeError) as exc:
+        raise bad(f"metadata is not JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise bad("metadata is not a JSON object")
+    kinds = {"t": int, "increases": int, "prev_loss": (int, float), "best_loss": (int, float), "above_best": int,
+             "done": bool, "status": str, "message": str, "config": dict, "graph": str, "S": int,
+             "atoms_fingerprint": str}
+    for key, kind in kinds.items():
+        if key not in meta:
+            raise bad(f"metadata has no {key!r}")
+        value = meta[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise bad(f"metadata {key!r} = {value!r} has the wrong type")
+    if meta["atoms_fingerprint"] != _fingerprint(task) or meta["config"] != json.loads(json.dumps(asdict(cfg))):
+        raise ValueError(
+            f"checkpoint {path} belongs to a different task or configuration: "
+            "resume with exactly the settings of the original run, or start afresh without --resume"
+        )
+    total = cfg.steps1 + cfg.steps2
+    t = meta["t"]
+    if not 0 <= t <= total:
+        raise bad(f"step counter t = {t} is outside the schedule 0..{total}")
+    if meta["status"] not in ("completed", "diverged"):
+        raise bad(f"status {meta['status']!r} is not 'completed' or 'diverged'")
+    if meta["status"] == "diverged" and not meta["done"]:
+        raise bad("a diverged run that is not marked done")
+    if not 0 <= meta["increases"] <= cfg.divergence_patience or not 0 <= meta["above_best"] <= cfg.divergence_patience:
+        raise bad("divergence counters out of range")
+    shape1, shape2, shape_attn = _param_shapes(task, cfg)
+
+    def array(key, shape, dtype):
+        try:
+            a = z[key]
+        except KeyError:
+            raise bad(f"no array {key!r}") from None
+        except (ValueError, OSError, EOFError) as exc:
+            raise bad(f"array {key!r} is unreadable ({exc})") from None
+        if a.dtype != dtype:
+            raise bad(f"array {key!r} has dtype {a.dtype}, expected {np.dtype(dtype)}")
+        if a.shape != shape:
+            raise bad(f"array {key!r} has shape {a.shape}, expected {shape}")
+        return np.array(a)
+
+    A1 = array("A1", shape1, np.float64)
+    A2 = array("A2", shape2, np.float64)
+    if not (np.all(np.isfinite(A1)) and np.all(np.isfinite(A2))) and meta["status"] != "diverged":
+        raise bad("non-finite parameters in a run that did not diverge")
+    want = [s for s in range(t) if _should_record(cfg, s)]
+    if meta["done"] and _should_record(cfg, t):
+        # a completed run recorded its last step; a diverged one may have stopped before recording step t
+        try:
+            got = z["rec_step"]
+        except KeyError:
+            raise bad("no array 'rec_step'") from None
+        if meta["status"] == "completed" or (got.ndim == 1 and len(got) == len(want) + 1):
+            want.append(t)
+    want_steps = np.array(want, dtype=np.int64)
+    n = len(want_steps)
+    rec_shapes = {"step": (n,), "stage": (n,), "loss": (n,), "loss_se": (n,), "grad_norm": (n,), "cosine": (n,),
+                  "attn_parent": (n, *shape_attn), "A1": (n, *shape1), "A2": (n, *shape2)}
+    rec = {}
+    for k in _RECORDED:
+        rec[k] = array(f"rec_{k}", rec_shapes[k], np.int64 if k in ("step", "stage") else np.float64)
+    if not np.array_equal(rec["step"], want_steps):
+        raise bad(f"the recorded steps do not match the step counter t = {t}")
+    if not np.array_equal(rec["stage"], np.array([_stage_of(cfg, int(s)) for s in want_steps], dtype=np.int64)):
+        raise bad("the recorded stages do not match the schedule")
+    state = _State(task, cfg)
+    state.t = t
+    state.increases = meta["increases"]
+    state.prev_loss = float(meta["prev_loss"])
+    state.best_loss = float(meta["best_loss"])
+    state.above_best = meta["above_best"]
+    state.done = meta["done"]
+    state.status = meta["status"]
+    state.message = meta["message"]
+    state.A1, state.A2 = A1, A2
+    for k in _RECORDED:
+        state.rec[k] = list(rec[k])
     return state
+
+
+def load_checkpoint(path, task, cfg) -> _State:
+    """Restore the state saved by a checkpoint, checking it belongs to this run and every field
+    (:func:`validate_checkpoint`); :class:`CheckpointError` (a ``ValueError``) otherwise."""
+    path = _as_path(path, "checkpoint_path")
+
+    def bad(what):
+        return CheckpointError(f"checkpoint {path} is damaged or not a popgrad checkpoint: {what}; "
+                               "delete it or run without --resume")
+
+    import zipfile
+
+    with _open_npz(path, bad) as z:
+        try:
+            return validate_checkpoint(z, path, task, cfg)
+        except (zipfile.BadZipFile, EOFError, OSError) as exc:  # a member damaged inside a valid archive
+            raise bad(f"unreadable ({type(exc).__name__})") from None
 
 
 def start_state(task, cfg, checkpoint_path, checkpoint_every, resume) -> "_State":
     """Validate the checkpoint arguments; a fresh :class:`_State`, or the one saved at ``checkpoint_path``."""
     as_int(checkpoint_every, "checkpoint_every", minimum=0)
+    if not isinstance(resume, (bool, np.bool_)):
+        raise TypeError(f"resume must be True or False, got {resume!r}")
+    if checkpoint_path is not None:
+        checkpoint_path = _as_path(checkpoint_path, "checkpoint_path")
+        folder = os.path.dirname(os.path.abspath(checkpoint_path))
+        if os.path.isdir(checkpoint_path):
+            raise ValueError(f"checkpoint_path {checkpoint_path} is a folder: give a file path")
+        if not os.path.isdir(folder):
+            raise ValueError(f"checkpoint_path {checkpoint_path}: folder {folder} does not exist")
     if not resume:
         return _State(task, cfg)
     if checkpoint_path is None:
@@ -451,6 +624,12 @@ def train_two_stage(
             saa["obj"] = SampledObjective(task, n, cfg.sample_seed, cfg.eps, options=None)
         return saa["obj"]
 
+    # The idealized gradient divides by the stationary probabilities: without it, no cosine is recorded.
+    has_ideal = idealized_available(task)
+    if cfg.gradient == "idealized" and not has_ideal:
+        raise ValueError("gradient='idealized' needs every prior draw to have stationary probabilities > 0 "
+                         "(a reducible draw, e.g. from a small alpha, has zeros): use gradient='exact' or 'field'")
+
     def evaluate(t, stage, record) -> StepValues:
         if sampled and cfg.steps1 <= t:  # Stage 2 (and the step that starts it) on the fixed sample
             obj = objective()
@@ -478,7 +657,7 @@ def train_two_stage(
         if exact is not None:
             dA2 = exact.dA2
         cosine = float("nan")
-        if record and stage == 1:
+        if record and stage == 1 and has_ideal:
             if cfg.gradient == "exact":
                 exact_dA1, ideal = dA1, idealized_grad_A1(task, state.A1, cfg.beta0)
             elif cfg.gradient == "field":  # the exact first-order gradient against Knowl 3's prediction
@@ -502,6 +681,13 @@ def train_two_stage(
     if sampled:
         traj = replace(traj, stage2_samples=objective().n)
     return traj
+
+
+def idealized_available(task) -> bool:
+    """Whether the idealized gradient exists for ``task``'s prior (every stationary probability > 0)."""
+    prior = task.prior
+    mu = prior.invariant_view()[2] if hasattr(prior, "invariant_view") else prior.stationary
+    return bool(np.all(np.asarray(mu) > 0))
 
 
 class StepValues(NamedTuple):
@@ -541,26 +727,19 @@ def run_schedule(task, cfg, state, evaluate, attention, *, eta1, eta2, checkpoin
     returns the :class:`Trajectory`.
     """
     total = cfg.steps1 + cfg.steps2
-    joint = cfg.schedule == "joint"
     bar = None
     if progress and sys.stderr.isatty():
         bar = tqdm(total=total, initial=state.t, desc="popgrad", unit="step", file=sys.stderr)
 
-    def stage_of(t):
-        if joint:
-            return 0
-        return 1 if t <= cfg.steps1 else 2
-
-    def should_record(t):
-        if t in (0, cfg.steps1, total) or (not joint and t == cfg.steps1 + 1):
-            return True
-        return t % cfg.record_every == 0
-
     while not state.done:
         t = state.t
-        stage = stage_of(t)
-        record = should_record(t)
-        step = evaluate(t, stage, record)
+        stage = _stage_of(cfg, t)
+        record = _should_record(cfg, t)
+        if not _finite_params(state):  # an update overflowed: stop before evaluating at inf/NaN
+            _diverge(state, f"non-finite parameters after the update of step {t - 1} (overflow): lower lr1/lr2")
+            break
+        with np.errstate(over="ignore", invalid="ignore"):
+            step = evaluate(t, stage, record)
         loss = step.loss
         if record:
             if stage == 1:
@@ -576,35 +755,22 @@ def run_schedule(task, cfg, state, evaluate, attention, *, eta1, eta2, checkpoin
             ):
                 state.rec[key].append(value)
         # --- divergence
-        finite_params = np.all(np.isfinite(state.A1)) and np.all(np.isfinite(state.A2))
-        if not finite_params or (step.loss_is_exact and math.isnan(loss)):
-            state.status = "diverged"
-            state.message = f"non-finite loss or parameters at step {t}: lower lr1/lr2"
+        if step.loss_is_exact and math.isnan(loss):
+            _diverge(state, f"non-finite loss at step {t}: lower lr1/lr2")
             break
         if not math.isnan(loss):
             if math.isinf(loss):
-                state.status = "diverged"
-                state.message = f"infinite loss at step {t} (eps = 0 and a token got zero mass?)"
+                _diverge(state, f"infinite loss at step {t} (eps = 0 and a token got zero mass?)")
                 break
-            state.increases = state.increases + 1 if loss > state.prev_loss else 0
-            state.prev_loss = loss
-            if state.increases >= cfg.divergence_patience:
-                state.status = "diverged"
-                state.message = (
-                    f"loss increased for {state.increases} consecutive steps (step {t}, loss {loss:.6g}): "
-                    "lower lr1/lr2"
-                )
+            why = _track_loss(state, cfg, loss, t)
+            if why:
+                _diverge(state, why)
                 break
         if t == total:
             break
-        # --- update (step t -> t+1)
-        if joint:
-            state.A1 = state.A1 - eta1 * step.dA1
-            state.A2 = state.A2 - eta2 * step.dA2
-        elif t < cfg.steps1:
-            state.A1 = state.A1 - eta1 * step.dA1
-        else:
-            state.A2 = state.A2 - eta2 * step.dA2
+        # --- update (step t -> t+1); an overflow is caught at the top of the next step
+        with np.errstate(over="ignore", invalid="ignore"):
+            _update(state, cfg, step, t, eta1, eta2)
         state.t = t + 1
         if bar is not None:
             bar.update(1)
@@ -617,3 +783,44 @@ def run_schedule(task, cfg, state, evaluate, attention, *, eta1, eta2, checkpoin
     if checkpoint_path is not None:
         atomic_savez(checkpoint_path, **_checkpoint_payload(state, cfg, task))
     return Trajectory(**state.to_arrays(), status=state.status, message=state.message, config=cfg)
+
+
+def _finite_params(state) -> bool:
+    return bool(np.all(np.isfinite(state.A1)) and np.all(np.isfinite(state.A2)))
+
+
+def _diverge(state, message: str) -> None:
+    state.status = "diverged"
+    state.message = message
+
+
+def _track_loss(state, cfg, loss: float, t: int) -> str:
+    """Update the divergence counters with the loss of step ``t``; the reason to stop, or ``""``.
+
+    Two signs of divergence, each sustained for ``cfg.divergence_patience`` steps: the loss rising
+    at every step, or the loss staying more than :data:`DIVERGENCE_RTOL` above its lowest value
+    (a step that overshoots and lands on a plateau, e.g. a saturated softmax).
+    """
+    state.increases = state.increases + 1 if loss > state.prev_loss else 0
+    state.prev_loss = loss
+    if loss < state.best_loss:
+        state.best_loss = loss
+    state.above_best = state.above_best + 1 if loss > state.best_loss + DIVERGENCE_RTOL * abs(state.best_loss) else 0
+    if state.increases >= cfg.divergence_patience:
+        return f"loss increased for {state.increases} consecutive steps (step {t}, loss {loss:.6g}): lower lr1/lr2"
+    if state.above_best >= cfg.divergence_patience:
+        return (f"loss stayed more than {DIVERGENCE_RTOL:.0%} above its lowest value {state.best_loss:.6g} for "
+                f"{state.above_best} steps (step {t}, loss {loss:.6g}): lower lr1/lr2")
+    return ""
+
+
+def _update(state, cfg, step, t, eta1, eta2) -> None:
+    """Gradient step ``t -> t+1`` of the schedule (two-stage: ``A1`` for ``t < steps1``, then ``A2``; joint: both)."""
+    joint = cfg.schedule == "joint"
+    if joint:
+        state.A1 = state.A1 - eta1 * step.dA1
+        state.A2 = state.A2 - eta2 * step.dA2
+    elif t < cfg.steps1:
+        state.A1 = state.A1 - eta1 * step.dA1
+    else:
+        state.A2 = state.A2 - eta2 * step.dA2

@@ -1,0 +1,285 @@
+"""Issue 13: the CLI's promises, driven as a hostile user would (each test bounded in time)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from popgrad.app.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAST = ["--S", "2", "--T", "4", "--steps1", "20", "--steps2", "10", "--no-sweep", "--no-progress"]
+
+
+def _cli(tmp_path, *args, out="out", fast=FAST):
+    try:
+        return main(["run", *fast, "--out", str(tmp_path / out), *args])
+    except SystemExit as exc:  # argparse errors
+        return exc.code
+
+
+def _one_line_error(capsys, code, rc):
+    err = capsys.readouterr().err.strip()
+    assert rc == code, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+# ------------------------------------------------------------ 1. divergence
+def test_divergence_sustained_excess_loss_is_reported(tmp_path, capsys):
+    rc = main(["run", "--lr2", "1e8", "--no-sweep", "--no-progress", "--steps1", "100", "--steps2", "150",
+               "--out", str(tmp_path / "o")])
+    assert rc == 3
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["trajectory"]["status"] == "diverged"
+    assert (tmp_path / "o" / "trajectory.npz").exists()
+
+
+def test_divergence_overflow_is_not_blamed_on_the_user(tmp_path, capsys):
+    import popgrad
+
+    task = popgrad.Task(popgrad.chain(4), popgrad.dirichlet_prior(2, 1.0, 2, seed=0, symmetrize=True))
+    traj = popgrad.train_two_stage(task, steps1=5, steps2=5, lr2=1e308)
+    assert traj.status == "diverged" and "overflow" in traj.message and len(traj.step) > 0
+    rc = _cli(tmp_path, "--lr2", "1e308")
+    assert rc == 3
+    assert "diverged" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- 2. hangs
+@pytest.mark.parametrize("args", [["summary", "--S", "7", "--T", "3"], ["summary", "--graph", "ngram", "--S", "4", "--T", "4"],
+                                  ["summary", "--max-sequences", "100000000000"]])
+def test_summary_never_enumerates(args, capsys):
+    t0 = time.perf_counter()
+    assert main(args) == 0
+    assert time.perf_counter() - t0 < 20
+
+
+def test_large_closure_refused_up_front(tmp_path, capsys):
+    rc = main(["run", "--S", "8", "--out", str(tmp_path / "o")])
+    err = _one_line_error(capsys, 2, rc)
+    assert "--atoms" in err and not (tmp_path / "o").exists()
+
+
+def test_s8_one_atom_is_fast(tmp_path):
+    import popgrad
+    from popgrad.app.jobs import DEFAULTS, build_task
+
+    task = build_task(dict(DEFAULTS, S=8, T=4, atoms=1))
+    t0 = time.perf_counter()
+    popgrad.exact_loss_and_grad(task, np.zeros((4, 4)), 1e-3 * np.eye(8))
+    assert time.perf_counter() - t0 < 20
+
+
+# --------------------------------------------------------- 3. output folder
+def test_out_problems_are_one_line_errors(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
+    (tmp_path / "withdir" / "report.json").mkdir(parents=True)
+    for out, what in (("", "empty"), (str(tmp_path / "file" / "sub"), "not a folder"),
+                      (str(tmp_path / "dangling"), "dangling"), (str(tmp_path / "withdir"), "report.json")):
+        rc = main(["run", *FAST, "--out", out])
+        err = _one_line_error(capsys, 2, rc)
+        assert what in err, err
+    assert sorted(os.listdir(tmp_path / "withdir")) == ["report.json"]
+
+
+def test_full_disk_leaves_nothing_partial(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import popgrad.app.report as report_mod
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", "report.json")
+
+    monkeypatch.setattr(report_mod, "atomic_write_text", full)
+    rc = _cli(tmp_path)
+    err = _one_line_error(capsys, 2, rc)
+    assert "No space left" in err
+    left = sorted(os.listdir(tmp_path / "out"))
+    assert left == ["checkpoint.npz"], left  # the checkpoint stays for --resume; no partial outputs, no lock
+
+
+# ---------------------------------------------------- 4. damaged checkpoints
+def _damage(path, how):
+    data = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "not-npz":
+        path.write_text("hello")
+    elif how == "npy":
+        np.save(str(path) + ".npy", np.zeros(3))
+        os.replace(str(path) + ".npy", path)
+    else:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        meta = json.loads(str(arrays["meta_json"]))
+        if how == "step":
+            meta["t"] = 10**6
+        elif how == "step-small":
+            meta["t"] = 3
+        elif how == "meta-type":
+            meta["t"] = "ten"
+        elif how == "no-key":
+            del meta["status"]
+        elif how == "object":
+            arrays["A1"] = np.array([None], dtype=object)
+        elif how == "shape":
+            arrays["A2"] = np.zeros((5, 5))
+        arrays["meta_json"] = np.array(json.dumps(meta))
+        with open(path, "wb") as fh:
+            np.savez(fh, **arrays)
+
+
+@pytest.mark.parametrize("how", ["truncated", "empty", "not-npz", "npy", "step", "step-small", "meta-type", "no-key",
+                                 "object", "shape"])
+def test_damaged_checkpoint(tmp_path, capsys, how):
+    assert _cli(tmp_path) == 0
+    _damage(tmp_path / "out" / "checkpoint.npz", how)
+    capsys.readouterr()
+    rc = _cli(tmp_path, "--resume")
+    err = _one_line_error(capsys, 2, rc)
+    assert "is damaged or not a popgrad checkpoint" in err and "run without --resume" in err, err
+
+
+# ------------------------------------------------------------- 5. locking
+def test_locked_folder_is_refused_and_stale_lock_taken(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (out / ".popgrad.lock").write_text(f"{sleeper.pid}\n")
+        err = _one_line_error(capsys, 2, _cli(tmp_path))
+        assert "in use by another popgrad run" in err and str(sleeper.pid) in err
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert _cli(tmp_path) == 0  # the lock's process is gone: stale, taken over
+    assert not (out / ".popgrad.lock").exists()
+
+
+def test_stale_outputs_of_a_different_run_are_cleared(tmp_path, capsys):
+    assert _cli(tmp_path) == 0
+    assert (tmp_path / "out" / "gradient_cosine.png").exists()
+    rc = main(["run", "--graph", "two-parent", "--S", "2", "--T", "4", "--steps1", "5", "--atoms", "1",
+               "--no-progress", "--out", str(tmp_path / "out")])
+    assert rc == 0
+    files = set(os.listdir(tmp_path / "out"))
+    assert "gradient_cosine.png" not in files and "report.json" in files
+    assert not any(f.startswith(".") for f in files)
+
+
+# --------------------------------------------------- 6. interrupts and pipes
+def _spawn(args, **kw):
+    return subprocess.Popen([sys.executable, "-m", "popgrad.app.cli", *args], env=_env(), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+@pytest.mark.parametrize("delay", [0.3, 1.5])
+def test_sigint_early_is_one_line(tmp_path, delay):
+    p = _spawn(["run", "--no-sweep", "--no-progress", "--out", str(tmp_path / "o")])
+    time.sleep(delay)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    text = err.decode()
+    if p.returncode == 0:
+        pytest.skip("the run finished before the signal")
+    assert p.returncode == 130 and "Traceback" not in text, text
+    assert len(text.strip().splitlines()) == 1
+    if "is kept" in text:
+        assert (tmp_path / "o" / "checkpoint.npz").exists()
+
+
+def test_sigterm_leaves_no_temporary_files(tmp_path):
+    p = _spawn(["run", "--no-sweep", "--no-progress", "--checkpoint-every", "1", "--steps1", "3000",
+                "--out", str(tmp_path / "o")])
+    deadline = time.time() + 50
+    while not (tmp_path / "o" / "checkpoint.npz").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err.decode()
+    files = os.listdir(tmp_path / "o")
+    assert files == ["checkpoint.npz"], files
+    assert "Traceback" not in err.decode()
+
+
+def test_broken_pipe_keeps_the_report(tmp_path):
+    cmd = (f"{sys.executable} -m popgrad.app.cli run {' '.join(FAST)} --out {tmp_path / 'o'} | head -1")
+    r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], env=_env(), cwd=ROOT, capture_output=True, timeout=60)
+    assert b"BrokenPipe" not in r.stderr and b"Traceback" not in r.stderr, r.stderr
+    assert (tmp_path / "o" / "report.json").exists()
+
+
+# ---------------------------------------------------- 7. before anything is written
+@pytest.mark.parametrize("args", [["--checkpoint-every", "-1"], ["--alpha", "0.03", "--gradient", "idealized"],
+                                  ["--alpha", "-1"], ["--lr1", "nan"], ["--resume"]])
+def test_late_checks_write_nothing(tmp_path, capsys, args):
+    rc = _cli(tmp_path, *args)
+    _one_line_error(capsys, 2, rc)
+    assert not (tmp_path / "out").exists()
+
+
+def test_exact_run_with_reducible_draws_does_not_blame_idealized(tmp_path, capsys):
+    assert _cli(tmp_path, "--alpha", "0.03") == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    align = [c for c in report["checks"] if c["name"] == "gradient_alignment"][0] if isinstance(report["checks"], list) \
+        else report["checks"]["gradient_alignment"]
+    assert align.get("applicable") is False or align.get("passed") is None
+
+
+# ----------------------------------------------------------- 8. messages
+@pytest.mark.parametrize("args,needle", [
+    (["--S", "abc"], "--S: expected an integer >= 2, got 'abc'"),
+    (["--seed", "-1"], "--seed: expected an integer >= 0"),
+    (["--graph", "-2,0,-1"], "--graph '-2,0,-1': entry 0"),
+    (["--graph", "-1,99999999999999999999,-1"], "entry 1"),
+    (["--graph", "-1,0,1"], "the query"),
+])
+def test_messages_name_the_flag(tmp_path, capsys, args, needle):
+    rc = _cli(tmp_path, *args, fast=["--no-sweep"])
+    err = _one_line_error(capsys, 2, rc)
+    assert needle in err and not (tmp_path / "out").exists(), err
+
+
+def test_undecodable_config_is_named(tmp_path, capsys):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_bytes(b"S = 3\n\xff\xfe = 1\n")
+    err = _one_line_error(capsys, 2, _cli(tmp_path, "--config", str(cfg)))
+    assert str(cfg) in err
+
+
+def test_config_values_use_the_same_validator(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("seed = -1\n")
+    err = _one_line_error(capsys, 2, _cli(tmp_path, "--config", str(cfg)))
+    assert "seed" in err and ">= 0" in err
+
+
+# ----------------------------------------------------------- 9. degenerate
+def test_all_roots_checks_are_not_applicable(tmp_path, capsys):
+    rc = main(["run", "--graph=-1,-1,-1,-1", "--S", "2", "--steps1", "5", "--steps2", "5", "--no-progress",
+               "--out", str(tmp_path / "o")])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "[N/A ] graph_recovery" in out and "[N/A ] gradient_alignment" in out
+    assert "nan" not in out.lower().split("report:")[0].split("training:")[1]
+
+
+def test_conflicting_T_is_an_error(tmp_path, capsys):
+    err = _one_line_error(capsys, 2, main(["run", "--graph=-1,0,-1", "--T", "50", "--out", str(tmp_path / "o")]))
+    assert "--T 50 conflicts" in err
