@@ -23,7 +23,7 @@ MOVED = {
                   "popgrad.theory.baselines"),
     "information": ("popgrad.theory.information",),
     "dpi": ("popgrad.theory.dpi",),
-    "dynamics": ("popgrad.train.algorithm1",),
+    "dynamics": ("popgrad.train.algorithm1", "popgrad.train.config", "popgrad.train.loop", "popgrad.train.trajectory"),
     "multidynamics": ("popgrad.train.multihead",),
     "cli": ("popgrad.app.cli", "popgrad.app.jobs"),
     "multirun": ("popgrad.app.jobs",),

@@ -31,7 +31,7 @@ except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
 from .. import __version__
-from ..train.algorithm1 import GRADIENTS, SCHEDULES, STAGE2_METHODS
+from ..train.config import GRADIENTS, SCHEDULES, STAGE2_METHODS
 from .jobs import (
     DEFAULTS,
     EXIT_DIVERGED,

@@ -55,16 +55,9 @@ from ..task import (
 )
 from ..engine.sampled import SampledObjective, sampled_reference_losses
 from ..theory.baselines import optimal_loss
-from ..train.algorithm1 import (
-    GRADIENTS,
-    SCHEDULES,
-    STAGE2_METHODS,
-    MultiHeadTrainConfig,
-    TrainConfig,
-    idealized_available,
-    load_checkpoint,
-    train_two_stage,
-)
+from ..train.algorithm1 import idealized_available, train_two_stage
+from ..train.config import GRADIENTS, SCHEDULES, STAGE2_METHODS, MultiHeadTrainConfig, TrainConfig
+from ..train.loop import load_checkpoint
 from ..train.multihead import train_multi_head
 from .plots import (
     plot_attention,
@@ -83,6 +76,10 @@ __all__ = ["DEFAULTS", "MULTI_PARENT_DEFAULTS", "MULTI_PARENT_GRAPHS", "CLIError
 #: not produce are removed when it finishes (stale outputs of an earlier, different run).
 RUN_OUTPUTS = ("report.json", "report.md", "trajectory.npz", "attention.png", "loss.png", "gradient_cosine.png",
                "attention_to_parent.png")
+
+#: Largest T of the job's gradient-alignment sweep of the Stage-1 field (T_eff = T for a chain): a few
+#: seconds on 2 cores for S <= 3 (examples/alignment_at_scale.py goes to T_eff = 1000).
+ALIGNMENT_TOP_T = 200
 
 #: Exit status of ``popgrad run`` when training diverged (the report is written, with the status).
 EXIT_DIVERGED = 3
@@ -337,8 +334,13 @@ def _checks_single(cfg, task, traj, A1_hat, refs, objective=None):
     exact_stage2 = objective is None
     T_sweep = list(range(max(4, (task.T + 1) // 2), task.T + 1)) if cfg["sweep"] and family and enumerable \
         and exact_stage2 else None
-    if family is not None and cfg["sweep"]:  # Knowl 3 at T_eff up to 200-1000: the exact first-order field
-        alignment = C.check_alignment_rate(family, task.prior, name="gradient_alignment")
+    if not idealized_available(task):
+        alignment = C.not_applicable("gradient_alignment", "S*M_i = g_i + O(T_eff^-1/2) (Knowl 3)",
+                                     "a prior draw is reducible (a stationary probability is 0): the idealized "
+                                     "gradient g divides by it")
+    elif family is not None and cfg["sweep"]:  # Knowl 3 at T_eff up to 200: the exact first-order field
+        alignment = C.check_alignment_rate(family, task.prior, C.default_alignment_T(task.S, top=ALIGNMENT_TOP_T),
+                                           name="gradient_alignment")
     elif enumerable:
         alignment = C.check_gradient_alignment(task, traj)
     else:

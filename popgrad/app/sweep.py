@@ -324,7 +324,12 @@ def cached_report(cell_dir: str, cfg: dict) -> dict | None:
     if not isinstance(conf, dict):
         return None
     conf = {k: v for k, v in conf.items() if k != "out"}
-    want = json.loads(json.dumps(cfg))
+    resolved = dict(cfg)
+    try:
+        jobs.validate_config(resolved)  # the report holds the resolved methods ("auto" -> exact/field/sampled)
+    except (ValueError, CLIError):
+        return None
+    want = json.loads(json.dumps(resolved))
     return report if conf == want else None
 
 

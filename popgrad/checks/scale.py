@@ -43,10 +43,11 @@ def jacobian_rows(P, X) -> np.ndarray:
     return P * (X - np.sum(P * X, axis=1, keepdims=True))
 
 
-def default_alignment_T(S: int, n: int = 8) -> list:
+def default_alignment_T(S: int, n: int = 8, top: int | None = None) -> list:
     """Default sweep of the alignment rate: ``n`` log-spaced ``T`` with ``T_eff`` (chain) from 10 to
-    1000 for ``S = 2``, to 200 for ``S = 3``, to 100 for larger ``S`` (the field costs ``O(S²T³)``)."""
-    top = 1000 if S <= 2 else 200 if S == 3 else 100
+    ``top``: 1000 for ``S = 2``, 200 for ``S = 3``, 100 for larger ``S`` (the field costs ``O(S²T³)``)."""
+    if top is None:
+        top = 1000 if S <= 2 else 200 if S == 3 else 100
     return sorted({int(round(t)) for t in np.geomspace(10, top, n)})
 
 
@@ -139,7 +140,10 @@ def check_field_dpi(task: Task, eps=None, M=None) -> CheckResult:
     rows = [int(i) for i in _context_rows(task.graph)]
     if M is None:
         M = stage1_field(task, eps).M
-    g = idealized_gradient(task)
+    try:
+        g = idealized_gradient(task)
+    except ValueError:  # a reducible draw: g divides by a zero stationary probability; the field needs no μ > 0
+        g = np.full_like(M, np.nan)
     S = task.S
     per_row, margins, margins_g = {}, [], []
     for i in rows:
@@ -158,7 +162,7 @@ def check_field_dpi(task: Task, eps=None, M=None) -> CheckResult:
         per_row[i] = entry
     if not margins:
         return not_applicable("field_dpi", statement, "no non-root row has another earlier position to compare")
-    details = {"per_row": per_row, "min_field_margin": min(margins), "min_g_margin": min(margins_g),
+    details = {"per_row": per_row, "min_field_margin": min(margins), "min_g_margin": float(np.min(margins_g)),
                "parent_is_field_argmax_everywhere": all(v["field_argmax"] == v["parent"] for v in per_row.values()),
                "eps": float(task.default_eps if eps is None else eps)}
     value = float(min(margins))

@@ -59,7 +59,7 @@ from . import single as _single
 from ._kernels import ranges as _kr
 from ._kernels import single as _k
 from .result import LossAndGrad, finish
-from .symmetry import SYMMETRY_MODES, orbit_sizes, symmetry_check
+from .symmetry import orbit_sizes
 
 __all__ = ["loss_grad", "chunk_bounds", "worker_stats", "clear_worker_caches", "MISSING"]
 
@@ -93,60 +93,25 @@ def loss_grad(task, A1, A2, eps, want_grad, engine, symmetry, opts, client) -> L
     else:
         job, work = _single_job(task, A1, A2, eps, want_grad, engine, symmetry, opts)
     loss_s, G_s, dA2_s = _run(client, task, job, work)
-    loss = float(_k.sum_slots(loss_s, G_s, dA2_s))  # in block order, as single-process; totals in slot 0
     if job.kind == "multi":
+        loss = float(_k.sum_slots(loss_s, G_s, dA2_s))  # in block order, as single-process; totals in slot 0
         if not want_grad:
             if math.isinf(loss):
                 warn_inf("exact_loss_multi")
             return LossAndGrad(loss, None, None)
         return finish(loss, G_s[0], dA2_s[0], job.P, "exact_loss_and_grad")
-    if not want_grad:
-        if math.isinf(loss):
-            warn_inf("exact_loss")
-        return LossAndGrad(loss, None, None)
-    T, S = task.T, task.S
-    dA1 = np.empty((T, T))
-    _k.finish_grad(G_s[0], job.P, dA1)
-    if job.sym:
-        dA2 = np.empty((S, S))
-        _k.symmetrize_span(dA2_s[0], dA2)
-    else:
-        dA2 = dA2_s[0].copy()
-    if math.isinf(loss):
-        warn_inf("exact_loss_and_grad")
-        dA1[:] = np.nan
-        dA2[:] = np.nan
-    return LossAndGrad(loss, dA1, dA2)
+    return _single.finish_slots(loss_s, G_s, dA2_s, job.P, job.sym, want_grad)
 
 
 def _single_job(task, A1, A2, eps, want_grad, engine, symmetry, opts):
     """The decisions of :func:`popgrad.engine.single.loss_grad` (same order, same arrays), and the blocks' work."""
-    if symmetry not in SYMMETRY_MODES:
-        raise ValueError(f"symmetry must be one of {SYMMETRY_MODES}, got {symmetry!r}")
-    T = task.T
-    A2 = np.ascontiguousarray(A2, dtype=np.float64)
-    sym = False
-    if symmetry != "off":
-        sym, A2s = symmetry_check(task, A2)
-        if symmetry == "on" and not sym:
-            raise ValueError(
-                "symmetry='on' needs a prior closed under token relabeling (exactly) and A2 in "
-                "span{I, 11^T} (equal diagonal entries, equal off-diagonal entries); use symmetry='auto'"
-            )
-        if sym:
-            A2 = A2s
-    P = np.empty((T, T))
-    _k.attention(np.ascontiguousarray(A1, dtype=np.float64), P)
-    if engine == "auto":
-        engine = "prefix" if _k.row_range(A2) <= opts.a2_range_limit else "direct"
+    sym, A2, P, engine = _single.decide(task, A1, A2, symmetry, engine, opts)
     if engine == "prefix":
         plan = _single._prefix_plan(task, sym, opts)  # the client's copy: block count and sizes only
         work = np.diff(np.append(plan.bstart, plan.n_batch))  # batch nodes per block
-    elif engine == "direct":
-        n_blocks = _direct_blocks(task.S, T, opts)[1]
-        work = np.ones(n_blocks, dtype=np.int64)
     else:
-        raise ValueError(f"engine must be one of ('auto', 'prefix', 'direct'), got {engine!r}")
+        n_blocks = _single.direct_blocks(task.S, task.T, opts)[1]
+        work = np.ones(n_blocks, dtype=np.int64)
     return _Job(engine, bool(sym), P, A2, float(eps), bool(want_grad), opts), work
 
 
@@ -155,13 +120,6 @@ def _multi_job(task, A1, A2, eps, want_grad, opts):
     A2 = np.ascontiguousarray(A2, dtype=np.float64)
     n_blocks = task.S ** _multi._n_fixed(task.S, task.T, opts)
     return _Job("multi", False, P, A2, float(eps), bool(want_grad), opts), np.ones(n_blocks, dtype=np.int64)
-
-
-def _direct_blocks(S, T, opts):
-    """``(block_size, n_blocks)`` of the direct engine: the formula of :func:`popgrad.engine.single.loss_grad`."""
-    n_total = S**T
-    block_size = max(opts.direct_block_sequences, -(-n_total // opts.max_blocks))
-    return block_size, -(-n_total // block_size)
 
 
 def chunk_bounds(work, n_workers) -> list:
@@ -404,7 +362,7 @@ def _direct_chunk(task, job, lo, hi):
     opts = job.opts
     S, T = task.S, task.T
     parents, mu, atoms, prior_w = task.kernel_arrays()
-    block_size, n_blocks = _direct_blocks(S, T, opts)
+    block_size, n_blocks = _single.direct_blocks(S, T, opts)
     loss_s, G_s, dA2_s = _single._slots(hi - lo, T, S)
     parallel = _single._parallel(n_blocks, S**T, opts) and hi - lo > 1 and _threads() > 1
     kernel = _kr.loss_grad_direct_range if parallel else _kr.loss_grad_direct_range_serial

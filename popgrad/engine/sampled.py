@@ -45,7 +45,7 @@ from ..task.tasks import Sample, Task
 from ..theory.baselines import count_estimator_predict
 from ._args import options_or_default
 from .result import LossAndGrad
-from .single import rows_loss_and_grad
+from .single import rows_loss_and_grad, rows_losses
 from .symmetry import symmetrize_dA2
 
 __all__ = ["Estimate", "SampledObjective", "estimate", "default_samples", "sampled_reference_losses",
@@ -109,15 +109,23 @@ class SampledObjective:
         self.sample: Sample = task.sample(self.n, seed)
         self._w = np.ascontiguousarray(self.sample.targets / self.n)
 
-    def loss_and_grad(self, A1, A2) -> LossAndGrad:
-        """``L̂`` and its gradients (numba rows kernel; ``dA2`` projected when ``project``)."""
-        res = rows_loss_and_grad(self.sample.seqs, self._w, A1, A2, self.eps, self.options)
+    def loss_and_grad(self, A1, A2, want_dA1=True) -> LossAndGrad:
+        """``L̂`` and its gradients (numba rows kernel; ``dA2`` projected when ``project``).
+
+        ``want_dA1=False`` (Stage 2, ``A1`` frozen) skips ``dA1`` (then ``None``), half the work.
+        """
+        res = rows_loss_and_grad(self.sample.seqs, self._w, A1, A2, self.eps, self.options, want_dA1)
         if self.project and _in_span(A2):
             return LossAndGrad(res.loss, res.dA1, symmetrize_dA2(res.dA2))
         return res
 
     def per_sequence_losses(self, A1, A2) -> np.ndarray:
-        """``ℓ_m = -Σ_c y_m[c] log(f_c(s_m) + ε)`` for every sequence of the sample (NumPy model)."""
+        """``ℓ_m = -Σ_c y_m[c] log(f_c(s_m) + ε)`` for every sequence of the sample (numba forward pass;
+        :meth:`per_sequence_losses_numpy` is its NumPy reference)."""
+        return rows_losses(self.sample.seqs, self.sample.targets, A1, A2, self.eps)
+
+    def per_sequence_losses_numpy(self, A1, A2) -> np.ndarray:
+        """NumPy reference of :meth:`per_sequence_losses` (the model of :mod:`popgrad.model.reduced`)."""
         P = first_layer_attention(A1)
         out = np.empty(self.n)
         for lo in range(0, self.n, 2**15):

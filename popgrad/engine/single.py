@@ -147,24 +147,8 @@ def loss_grad(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> LossAndGr
     Kept lean: the training loop calls it thousands of times on small tasks.
     """
     task.check_size()
-    if symmetry not in SYMMETRY_MODES:
-        raise ValueError(f"symmetry must be one of {SYMMETRY_MODES}, got {symmetry!r}")
     S, T = task.S, task.T
-    A2 = np.ascontiguousarray(A2, dtype=np.float64)
-    sym = False
-    if symmetry != "off":
-        sym, A2s = symmetry_check(task, A2)
-        if symmetry == "on" and not sym:
-            raise ValueError(
-                "symmetry='on' needs a prior closed under token relabeling (exactly) and A2 in "
-                "span{I, 11^T} (equal diagonal entries, equal off-diagonal entries); use symmetry='auto'"
-            )
-        if sym:
-            A2 = A2s
-    P = np.empty((T, T))
-    _k.attention(np.ascontiguousarray(A1, dtype=np.float64), P)
-    if engine == "auto":
-        engine = "prefix" if _k.row_range(A2) <= opts.a2_range_limit else "direct"
+    sym, A2, P, engine = decide(task, A1, A2, symmetry, engine, opts)
     if engine == "prefix":
         plan = _prefix_plan(task, sym, opts)
         X = np.empty((T, S, S, T))
@@ -188,14 +172,53 @@ def loss_grad(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> LossAndGr
     elif engine == "direct":
         parents, mu, atoms, prior_w = task.kernel_arrays()
         n_total = S**T
-        block_size = max(opts.direct_block_sequences, -(-n_total // opts.max_blocks))
-        n_blocks = -(-n_total // block_size)
+        block_size, n_blocks = direct_blocks(S, T, opts)
         loss_s, G_s, dA2_s = _slots(n_blocks, T, S)
         kernel = _k.loss_grad_direct if _parallel(n_blocks, n_total, opts) else _k.loss_grad_direct_serial
         kernel(parents, mu, atoms, prior_w, P, A2, float(eps), block_size, sym, orbit_sizes(S), bool(want_grad),
                loss_s, G_s, dA2_s)
-    else:
+    return finish_slots(loss_s, G_s, dA2_s, P, sym, want_grad)
+
+
+def decide(task, A1, A2, symmetry, engine, opts):
+    """``(sym, A2, P, engine)``: whether the orbit reduction applies (``A2`` projected onto the span
+    then), the layer-1 attention, and the engine (``"auto"`` resolved). Shared with the distributed
+    engine, which must take the same decisions to get the same bits."""
+    if symmetry not in SYMMETRY_MODES:
+        raise ValueError(f"symmetry must be one of {SYMMETRY_MODES}, got {symmetry!r}")
+    T = task.T
+    A2 = np.ascontiguousarray(A2, dtype=np.float64)
+    sym = False
+    if symmetry != "off":
+        sym, A2s = symmetry_check(task, A2)
+        if symmetry == "on" and not sym:
+            raise ValueError(
+                "symmetry='on' needs a prior closed under token relabeling (exactly) and A2 in "
+                "span{I, 11^T} (equal diagonal entries, equal off-diagonal entries); use symmetry='auto'"
+            )
+        if sym:
+            A2 = A2s
+    P = np.empty((T, T))
+    _k.attention(np.ascontiguousarray(A1, dtype=np.float64), P)
+    if engine == "auto":
+        engine = "prefix" if _k.row_range(A2) <= opts.a2_range_limit else "direct"
+    if engine not in ("prefix", "direct"):
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    return bool(sym), A2, P, engine
+
+
+def direct_blocks(S, T, opts):
+    """``(block_size, n_blocks)`` of the direct engine (a function of ``S``, ``T`` and the options only)."""
+    n_total = S**T
+    block_size = max(opts.direct_block_sequences, -(-n_total // opts.max_blocks))
+    return block_size, -(-n_total // block_size)
+
+
+def finish_slots(loss_s, G_s, dA2_s, P, sym, want_grad) -> LossAndGrad:
+    """Sum the per-block slots in block order, apply the layer-1 softmax Jacobian and, with the orbit
+    reduction, symmetrize ``dA2`` (an infinite loss: a warning and NaN gradients)."""
+    S = dA2_s.shape[1]
+    T = P.shape[0]
     loss = float(_k.sum_slots(loss_s, G_s, dA2_s))  # in block order; totals land in slot 0
     if not want_grad:
         if math.isinf(loss):
@@ -413,8 +436,12 @@ def _slots(n_blocks, T, S):
     return np.zeros(n_blocks), np.zeros((n_blocks, T, T)), np.zeros((n_blocks, S, S))
 
 
-def rows_loss_and_grad(seqs, w, A1, A2, eps, opts=DEFAULT_OPTIONS) -> LossAndGrad:
-    """Loss and gradient summed over given sequences ``seqs (n, T)`` with weights ``w (n, S)`` (numba)."""
+def rows_loss_and_grad(seqs, w, A1, A2, eps, opts=DEFAULT_OPTIONS, want_dA1=True) -> LossAndGrad:
+    """Loss and gradient summed over given sequences ``seqs (n, T)`` with weights ``w (n, S)`` (numba).
+
+    ``want_dA1=False`` skips the ``O(T²)`` accumulation of ``∂L/∂P`` (Stage 2: ``A1`` frozen); ``dA1`` is
+    then ``None``.
+    """
     T, S = A1.shape[0], A2.shape[0]
     seqs = np.ascontiguousarray(seqs, dtype=np.int64)
     w = np.ascontiguousarray(w, dtype=np.float64)
@@ -424,11 +451,24 @@ def rows_loss_and_grad(seqs, w, A1, A2, eps, opts=DEFAULT_OPTIONS) -> LossAndGra
     n_blocks = max(1, -(-n // opts.direct_block_sequences))
     loss_s, G_s, dA2_s = _slots(n_blocks, T, S)
     _k.loss_grad_rows(seqs, w, P, np.ascontiguousarray(A2, dtype=np.float64), float(eps),
-                            opts.direct_block_sequences, True, loss_s, G_s, dA2_s)
+                      opts.direct_block_sequences, 1 if want_dA1 else 2, loss_s, G_s, dA2_s)
     loss = float(_k.sum_slots(loss_s, G_s, dA2_s))
-    dA1 = np.empty((T, T))
-    _k.finish_grad(G_s[0], P, dA1)
+    dA1 = None
+    if want_dA1:
+        dA1 = np.empty((T, T))
+        _k.finish_grad(G_s[0], P, dA1)
     return LossAndGrad(loss, dA1, dA2_s[0].copy())
+
+
+def rows_losses(seqs, w, A1, A2, eps) -> np.ndarray:
+    """The loss of each given sequence alone, ``(n,)`` (numba forward pass; same arithmetic as the sums)."""
+    T = A1.shape[0]
+    P = np.empty((T, T))
+    _k.attention(np.ascontiguousarray(A1, dtype=np.float64), P)
+    out = np.empty(len(seqs))
+    _k.loss_rows_each(np.ascontiguousarray(seqs, dtype=np.int64), np.ascontiguousarray(w, dtype=np.float64), P,
+                      np.ascontiguousarray(A2, dtype=np.float64), float(eps), out)
+    return out
 
 
 def clear_plans() -> None:

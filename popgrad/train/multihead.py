@@ -53,7 +53,9 @@ import numpy as np
 from ..engine.api import exact_loss_and_grad
 from ..model.multihead import head_attention
 from ..task.tasks import MultiParentTask
-from .algorithm1 import MultiHeadTrainConfig, StepValues, Trajectory, run_schedule, start_state
+from .config import MultiHeadTrainConfig
+from .loop import StepValues, run_schedule, start_state
+from .trajectory import Trajectory
 
 __all__ = ["MultiHeadTrainConfig", "train_multi_head", "initial_parameters", "attention_to_slot_parents"]
 

@@ -68,7 +68,9 @@ def test_summary_never_enumerates(args, capsys):
 
 
 def test_large_closure_refused_up_front(tmp_path, capsys):
-    rc = main(["run", "--S", "8", "--out", str(tmp_path / "o")])
+    # the closure stays implicit (a run at S = 8 uses the field and a sampled Stage 2); an exact run needs
+    # every one of its 8 x 8! atoms and is refused up front with the size and the way out
+    rc = main(["run", "--S", "8", "--T", "6", "--gradient", "exact", "--out", str(tmp_path / "o")])
     err = _one_line_error(capsys, 2, rc)
     assert "--atoms" in err and not (tmp_path / "o").exists()
 

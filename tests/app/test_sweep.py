@@ -89,7 +89,7 @@ BAD_SPECS = [
     ({"S": 2}, "unknown section 'S' (put it under [fixed] or [axes])"),
     ({"fixed": {"S": 2}, "axes": {"T": [4, 5000]}}, "sweep cell 1 (T=5000): --T 5000 is out of range"),
     ({"fixed": {"S": 17}}, "--S 17 is out of range"),
-    ({"fixed": {"S": 3, "T": 30}}, "S**T"),
+    ({"fixed": {"S": 3, "T": 30, "gradient": "exact"}}, "S**T"),
     ({"axes": {"graph": ["chain", "tree"]}}, "unknown --graph 'tree'"),
     ({"axes": {"lr1": [1.0, -2.0]}}, "lr1 must be"),
     ({"fixed": {"graph": "ngram", "gradient": "idealized"}}, "not available for multi-parent"),

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import popgrad
-from popgrad.train.algorithm1 import CheckpointError, Trajectory
+from popgrad.train import CheckpointError, Trajectory
 
 
 @pytest.fixture(scope="module")

@@ -88,3 +88,15 @@ def test_quantile_interval_covers():
 def test_estimate():
     e = estimate([1.0, 2.0, 3.0])
     assert e.value == 2.0 and e.n == 3 and e.kind == "sampled" and abs(e.se - 1 / np.sqrt(3)) < 1e-15
+
+
+def test_per_sequence_losses_kernel_matches_numpy_reference(small_task, exact_run):
+    obj = SampledObjective(small_task, 5000, 7)
+    for A2 in (0.3 * np.eye(3), exact_run.final_A2, np.random.default_rng(0).normal(size=(3, 3))):
+        A1 = exact_run.final_A1
+        np.testing.assert_allclose(obj.per_sequence_losses(A1, A2), obj.per_sequence_losses_numpy(A1, A2),
+                                   rtol=1e-12, atol=1e-14)
+    full = obj.loss_and_grad(exact_run.final_A1, exact_run.final_A2)
+    a2only = obj.loss_and_grad(exact_run.final_A1, exact_run.final_A2, want_dA1=False)
+    assert a2only.dA1 is None and a2only.loss == full.loss
+    np.testing.assert_array_equal(a2only.dA2, full.dA2)

@@ -147,7 +147,8 @@ def _sequence_loss_grad(s, w, P, A2, eps, want_grad, V, u, a, f, r, dl, G, dA2):
     ``V, u, a, f, r, dl`` are scratch vectors (``T, T, T, S, S, T``). The
     layer-2 softmax is shifted by the per-sequence maximum (any finite
     ``A2``); terms with ``w_c = 0`` are skipped; a zero total weight adds
-    nothing.
+    nothing. ``want_grad``: false (loss only), true / 1 (``G`` and ``dA2``),
+    2 (``dA2`` only: Stage 2, where ``A1`` is frozen).
     """
     T = P.shape[0]
     S = A2.shape[0]
@@ -189,9 +190,10 @@ def _sequence_loss_grad(s, w, P, A2, eps, want_grad, V, u, a, f, r, dl, G, dA2):
     if want_grad:
         for i in range(T):
             dl[i] = a[i] * (r[s[i]] - rbar)
-        for i in range(T):
-            for j in range(i + 1):
-                G[i, j] += dl[i] * V[j]
+        if want_grad != 2:
+            for i in range(T):
+                for j in range(i + 1):
+                    G[i, j] += dl[i] * V[j]
         for j in range(T):
             e = 0.0
             for i in range(j, T):
@@ -225,6 +227,24 @@ def loss_grad_rows(seqs, w, P, A2, eps, block_size, want_grad, loss_out, G_out, 
         for m in range(blk * block_size, min((blk + 1) * block_size, n)):
             loss += _sequence_loss_grad(seqs[m], w[m], P, A2, eps, want_grad, V, u, a, f, r, dl, G, dA2)
         loss_out[blk] = loss
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def loss_rows_each(seqs, w, P, A2, eps, out):
+    """``out[m]`` = the loss of sequence ``m`` alone (forward pass; one thread writes each entry)."""
+    T = P.shape[0]
+    S = A2.shape[0]
+    n = seqs.shape[0]
+    G = np.zeros((1, 1))
+    dA2 = np.zeros((1, 1))
+    for m in prange(n):
+        V = np.empty(T)
+        u = np.empty(T)
+        a = np.empty(T)
+        f = np.empty(S)
+        r = np.empty(S)
+        dl = np.empty(T)
+        out[m] = _sequence_loss_grad(seqs[m], w[m], P, A2, eps, 0, V, u, a, f, r, dl, G, dA2)
 
 
 # ---------------------------------------------------------------------------
