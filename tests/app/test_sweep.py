@@ -27,18 +27,6 @@ SMALL = {"fixed": {"S": 2, "T": 4, "atoms": 2, "steps1": 5, "steps2": 5, "sweep"
          "axes": {"graph": ["chain", "icl"], "seed": [0, 1]}}
 
 
-@pytest.fixture(scope="module")
-def client():
-    from dask.distributed import Client, LocalCluster
-
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                           env={"NUMBA_NUM_THREADS": "1"})
-    c = Client(cluster)
-    yield c
-    c.close()
-    cluster.close()
-
-
 def _tmp_files(root):
     return [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.startswith(".tmp")]
 
@@ -49,7 +37,7 @@ def _quiet(*_):
 
 # ------------------------------------------------------------ spec (no cluster)
 def test_expand_order_ids_and_resolution():
-    from popgrad.app.sweep import cell_id, expand, load_spec
+    from popgrad.app.sweep import cell_id, expand
 
     spec = {"fixed": {"S": 2, "steps1": 30, "steps2": 30},
             "axes": {"graph": ["chain", "icl"], "T": [6, 8], "seed": [0, 1]},

@@ -10,18 +10,6 @@ import popgrad as pg
 from popgrad.engine import distributed as D
 
 
-@pytest.fixture(scope="module")
-def client():
-    from dask.distributed import Client, LocalCluster
-
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                           env={"NUMBA_NUM_THREADS": "1"})
-    c = Client(cluster)
-    yield c
-    c.close()
-    cluster.close()
-
-
 def _task(T=9, S=3, closed=False, seed=0):
     prior = pg.dirichlet_prior(S, 1.0, 3, seed=seed)
     if closed:
