@@ -83,7 +83,9 @@ from ..model.reduced import first_layer_attention
 from ..task.graphs import CausalGraph
 from ..task.priors import FinitePrior, relabel, stationary_distribution
 from ..task.tasks import MultiParentTask, Task
+from ._args import options_or_default
 from ._kernels import field as fk
+from .options import DEFAULT_OPTIONS
 
 __all__ = [
     "Stage1Field",
@@ -101,9 +103,6 @@ _ENUM_MIN_BLOCK = 4096
 _ENUM_MAX_BLOCKS = 256
 #: Rows of the chain pair kernel per cache block.
 _CHAIN_DBLOCK = 16
-#: Smallest work estimate (inner steps) for which a kernel uses the thread pool;
-#: below it the ``_serial`` twin runs (same iterations, same bits, no pool wake-up).
-PARALLEL_MIN_WORK = 4_000_000
 #: Relative cost of one enumerated sequence-position vs one counts inner step (``auto`` rule).
 _ENUM_COST_FACTOR = 1.0
 
@@ -227,7 +226,7 @@ def field_atoms(prior):
 
 
 # ================================================================ public API
-def stage1_field(task, eps=None, method="auto", per_atom=False) -> Stage1Field:
+def stage1_field(task, eps=None, method="auto", per_atom=False, options=None) -> Stage1Field:
     """The Stage-1 field ``M`` of a task, exactly (DESIGN §12).
 
     Parameters
@@ -266,12 +265,13 @@ def stage1_field(task, eps=None, method="auto", per_atom=False) -> Stage1Field:
     task = _check_task(task)
     eps = _check_eps(task, eps)
     method = _check_method(method)
+    opts = options_or_default(options)
     if method == "auto":
         method = _auto_method(task)
     if method == "enumerate":
         if per_atom:
             raise ValueError("per_atom=True needs method='counts'")
-        return Stage1Field(_field_enumerate(task, eps), eps, "enumerate", None)
+        return Stage1Field(_field_enumerate(task, eps, opts), eps, "enumerate", None)
     atoms, weights = field_atoms(task.prior)
     if task.prior.implicit_closure:
         mu = np.asarray(task.prior.base.stationary)
@@ -279,11 +279,11 @@ def stage1_field(task, eps=None, method="auto", per_atom=False) -> Stage1Field:
         mu = np.asarray(task.prior.stationary)
         if len(weights) != task.prior.K:  # reduced to the heads of the relabeling blocks
             mu = mu[:: task.prior.K // len(weights)]
-    M, pa = _field_counts(task.graph, atoms, weights, eps, per_atom, mu=mu)
+    M, pa = _field_counts(task.graph, atoms, weights, eps, per_atom, mu=mu, opts=opts)
     return Stage1Field(M, eps, "counts", pa)
 
 
-def stage1_field_from_atoms(graph, atoms, weights=None, eps=None, per_atom=False) -> Stage1Field:
+def stage1_field_from_atoms(graph, atoms, weights=None, eps=None, per_atom=False, options=None) -> Stage1Field:
     """The counts-method field of ``graph`` for given atoms (e.g. base draws of a closed prior).
 
     Parameters
@@ -307,6 +307,7 @@ def stage1_field_from_atoms(graph, atoms, weights=None, eps=None, per_atom=False
     prior = FinitePrior(atoms, weights)
     eps = _check_eps(graph.t_eff, eps)
     M, pa = _field_counts(graph, np.asarray(prior.atoms), np.asarray(prior.weights), eps, per_atom,
+                          opts=options_or_default(options),
                           mu=np.asarray(prior.stationary))
     return Stage1Field(M, eps, "counts", pa)
 
@@ -355,12 +356,13 @@ def _auto_method(task) -> str:
     return "enumerate" if enum_work < counts_work else "counts"
 
 
-def _kernel(name, work):
-    """The parallel kernel ``name`` or its serial twin, by the work estimate (same bits either way)."""
-    return getattr(fk, name if work >= PARALLEL_MIN_WORK else name + "_serial")
+def _kernel(name, work, opts):
+    """The parallel kernel ``name`` or its serial twin, by the work estimate against
+    ``opts.field_parallel_min_work`` (same iterations, same bits either way)."""
+    return getattr(fk, name if work >= opts.field_parallel_min_work else name + "_serial")
 
 
-def _field_enumerate(task, eps) -> np.ndarray:
+def _field_enumerate(task, eps, opts) -> np.ndarray:
     task.check_size()
     parents, mu, atoms, prior_w = task.kernel_arrays()
     n_total, T = task.n_sequences, task.T
@@ -368,7 +370,7 @@ def _field_enumerate(task, eps) -> np.ndarray:
     block = -(-n_total // n_blocks)
     n_blocks = -(-n_total // block)
     slots = np.empty((n_blocks, T, T))
-    kern = _kernel("field_enumerate", n_total * T * (task.prior.K + T) if n_blocks > 1 else 0)
+    kern = _kernel("field_enumerate", n_total * T * (task.prior.K + T) if n_blocks > 1 else 0, opts)
     kern(block, n_total, T, float(eps), parents, mu, atoms, prior_w, slots)
     M = np.empty((T, T))
     fk.sum_slots(slots, M)
@@ -422,7 +424,7 @@ def _forest_arrays(parents):
     return parents, ch_ptr, ch_idx, roots
 
 
-def _atom_field_counts(graph, pi, mu, eps, forest, chain):
+def _atom_field_counts(graph, pi, mu, eps, forest, chain, opts):
     T = graph.T
     S = pi.shape[0]
     C = T - 1
@@ -437,9 +439,9 @@ def _atom_field_counts(graph, pi, mu, eps, forest, chain):
         Pm = np.empty((S, NH, C, S), dtype=np.complex128)
         Br = np.empty((S, NH, C))
         Bi = np.empty((S, NH, C))
-        _kernel("chain_prepass", 3 * S * NH * C * S * S)(pi, mu, xs, phi, V, Z, Gr, Gi, Pm, Br, Bi)
+        _kernel("chain_prepass", 3 * S * NH * C * S * S, opts)(pi, mu, xs, phi, V, Z, Gr, Gi, Pm, Br, Bi)
         Y = np.zeros((C, C))
-        _kernel("chain_pairs", S * NH * C * C * (S + 1) // 2)(Gr, Gi, np.ascontiguousarray(Pm.real), np.ascontiguousarray(Pm.imag), Br, Bi,
+        _kernel("chain_pairs", S * NH * C * C * (S + 1) // 2, opts)(Gr, Gi, np.ascontiguousarray(Pm.real), np.ascontiguousarray(Pm.imag), Br, Bi,
                        _CHAIN_DBLOCK, Y)
         fk.chain_unskew(Y, X)
     else:
@@ -451,15 +453,15 @@ def _atom_field_counts(graph, pi, mu, eps, forest, chain):
         O = np.empty(shape, dtype=np.complex128)
         Zt = np.zeros((S, NH, C), dtype=np.complex128)
         ER = np.zeros((S, NH, C), dtype=np.complex128)
-        _kernel("tree_prepass", 3 * S * NH * C * S * S)(par, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, O, Zt, ER, Z)
+        _kernel("tree_prepass", 3 * S * NH * C * S * S, opts)(par, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, O, Zt, ER, Z)
         fk.tree_marginals(O, U, V)
-        _kernel("tree_pairs", S * NH * C * C * S * S // 2)(par, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, Zt, phi, X)
+        _kernel("tree_pairs", S * NH * C * C * S * S // 2, opts)(par, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, Zt, phi, X)
     out = np.empty((T, T))
     fk.assemble(X, V, Z, psi, chi, out)
     return out
 
 
-def _field_counts(graph, atoms, weights, eps, per_atom=False, mu=None):
+def _field_counts(graph, atoms, weights, eps, per_atom=False, mu=None, opts=DEFAULT_OPTIONS):
     atoms = np.ascontiguousarray(atoms, dtype=np.float64)
     weights = np.asarray(weights, dtype=np.float64)
     if mu is None:
@@ -471,7 +473,7 @@ def _field_counts(graph, atoms, weights, eps, per_atom=False, mu=None):
     M = np.zeros((T, T))
     pa = np.empty((len(weights), T, T)) if per_atom else None
     for k in range(len(weights)):
-        Mk = _atom_field_counts(graph, atoms[k], mu[k], eps, forest, chain)
+        Mk = _atom_field_counts(graph, atoms[k], mu[k], eps, forest, chain, opts)
         if pa is not None:
             pa[k] = Mk
         M += weights[k] * Mk

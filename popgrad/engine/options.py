@@ -52,6 +52,9 @@ class EngineOptions:
     a2_range_limit : float
         ``"auto"`` uses the prefix engine when ``max_q (max_b A2[q,b] - min_b A2[q,b])``
         is at most this (its exponential tables must stay far from underflow).
+    field_parallel_min_work : int
+        Smallest work estimate (inner steps) for which a Stage-1 field kernel uses the thread
+        pool; below it the ``_serial`` twin runs (same iterations, same bits).
     """
 
     prefix_block_sequences: int = 4096
@@ -66,6 +69,7 @@ class EngineOptions:
     numpy_chunk: int = 2**14
     multi_block_sequences: int = 4096
     a2_range_limit: float = 500.0
+    field_parallel_min_work: int = 4_000_000
 
     def __post_init__(self):
         for f in fields(self):
@@ -74,7 +78,7 @@ class EngineOptions:
                 if as_real(v, "EngineOptions.a2_range_limit") <= 0:
                     raise ValueError(f"EngineOptions.a2_range_limit must be a number > 0, got {v!r}")
             else:
-                as_int(v, f"EngineOptions.{f.name}", minimum=0 if f.name.startswith("weight_cache") else 1)
+                as_int(v, f"EngineOptions.{f.name}", minimum=0 if f.name.startswith(("weight_cache", "field_")) else 1)
 
     def plan_key(self) -> tuple:
         """The fields a plan depends on (part of the plan-cache key)."""

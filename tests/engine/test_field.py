@@ -136,25 +136,25 @@ def test_relabeling_invariance():
 
 
 @pytest.mark.parametrize("name", ["enumerate", "counts_tree", "counts_chain"])
-def test_thread_count_independence(name, monkeypatch):
-    monkeypatch.setattr(fieldmod, "PARALLEL_MIN_WORK", 0)  # always the parallel kernels
+def test_thread_count_independence(name):
+    parallel = pg.EngineOptions(field_parallel_min_work=0)  # always the parallel kernels
+    serial = pg.EngineOptions(field_parallel_min_work=10**18)  # always the serial twins
     if name == "enumerate":
         task = pg.Task(pg.random_tree(9, seed=1, root_prob=0.2), dirichlet_prior(3, 0.5, 2, seed=3, symmetrize=False))
-        run = lambda: stage1_field(task, method="enumerate").M  # noqa: E731
+        run = lambda opts: stage1_field(task, method="enumerate", options=opts).M  # noqa: E731
     else:
         g = pg.chain(30) if name == "counts_chain" else pg.random_tree(30, seed=2)
         task = pg.Task(g, dirichlet_prior(3, 0.5, 2, seed=3, symmetrize=False))
-        run = lambda: stage1_field(task, method="counts").M  # noqa: E731
+        run = lambda opts: stage1_field(task, method="counts", options=opts).M  # noqa: E731
     old = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
-        m1 = run()
+        m1 = run(parallel)
         numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
-        m2 = run()
+        m2 = run(parallel)
     finally:
         numba.set_num_threads(old)
-    monkeypatch.setattr(fieldmod, "PARALLEL_MIN_WORK", 10**30)  # always the serial twins
-    m3 = run()
+    m3 = run(serial)
     assert np.array_equal(m1, m2) and np.array_equal(m1, m3)
 
 
@@ -198,6 +198,6 @@ def test_chain_kernel_matches_forest_kernel_at_large_T():
     g = pg.chain(120)
     pr = dirichlet_prior(2, 0.1, 1, seed=0, symmetrize=False)
     pi, mu, eps = np.ascontiguousarray(pr.atoms[0]), np.ascontiguousarray(pr.stationary[0]), g.t_eff**-0.5
-    a = fieldmod._atom_field_counts(g, pi, mu, eps, None, True)
-    b = fieldmod._atom_field_counts(g, pi, mu, eps, fieldmod._forest_arrays(g.parents), False)
+    a = fieldmod._atom_field_counts(g, pi, mu, eps, None, True, pg.DEFAULT_OPTIONS)
+    b = fieldmod._atom_field_counts(g, pi, mu, eps, fieldmod._forest_arrays(g.parents), False, pg.DEFAULT_OPTIONS)
     assert _rel(a, b) <= 1e-12
