@@ -130,7 +130,7 @@ class CLIError(Exception):
 
 
 #: Defaults that replace :data:`DEFAULTS` for ``--graph ngram|two-parent`` unless given in the config
-#: file or by a flag: k heads train jointly from a seeded start (see popgrad.multidynamics).
+#: file or by a flag: k heads train jointly from a seeded start (see popgrad.train.multihead).
 MULTI_PARENT_DEFAULTS = dict(S=2, T=12, atoms=16, beta0=2.0, lr1=2.0, steps1=3000, steps2=0, schedule="joint",
                              record_every=50, checkpoint_every=500)
 

@@ -34,7 +34,7 @@ paper states its results up to unspecified constants:
    than the query) stay near uniform; value: the largest total-variation
    distance to uniform, passes at ``≤ 0.1``. The query row is reported but
    not thresholded: its first-order gradient is not zero (the query's own
-   token matches itself; see :func:`popgrad.information.query_row_first_order`).
+   token matches itself; see :func:`popgrad.theory.information.query_row_first_order`).
 """
 from __future__ import annotations
 

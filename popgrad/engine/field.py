@@ -14,7 +14,7 @@ distribution (DESIGN §2): the prior mixture, roots other than the query
 Three ways to compute it, all exact up to rounding:
 
 * ``"enumerate"``: one numba pass over the ``S**T`` sequences with the exact
-  weights of :mod:`popgrad._kernels` (bounded by ``task.check_size()``);
+  weights of :mod:`popgrad.task._weights` (bounded by ``task.check_size()``);
 * ``"counts"``: count generating functions evaluated at the ``N = T`` roots
   of unity, no ``S**T`` anywhere (algorithm below);
 * :func:`stage1_field_numpy`: the plain-NumPy brute-force reference.
@@ -68,7 +68,7 @@ in elementwise loops that vectorize.
 
 Relabeling: the per-atom field is invariant under token relabeling of
 ``π`` (it sums over ``c`` and a uniform ``q``); :func:`field_atoms` reduces a
-prior laid out as :func:`popgrad.priors.relabel_closure` builds it to its
+prior laid out as :func:`popgrad.relabel_closure` builds it to its
 base draws.
 """
 from __future__ import annotations
@@ -180,7 +180,7 @@ def field_atoms(prior):
     """Atoms and weights on which to compute the field of ``prior``.
 
     The per-atom field is invariant under token relabeling of ``π``. When
-    ``prior`` is laid out as :func:`popgrad.priors.relabel_closure` builds
+    ``prior`` is laid out as :func:`popgrad.relabel_closure` builds
     it (``K = K0·S!`` atoms in blocks of ``S!`` consecutive relabelings of
     the block's first atom, permutations in lexicographic order, equal
     weights in a block; checked bit for bit), the block heads with the

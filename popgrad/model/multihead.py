@@ -4,7 +4,7 @@ Parameters ``A1`` of shape ``(k, T, T)`` (head ``h`` uses the lower
 triangle of ``A1[h]``, diagonal included) and ``A2`` of shape ``(k, S, S)``.
 For a sequence ``s`` with one-hot rows ``X = [e_{s_0}, …, e_{s_{T-1}}]ᵀ``::
 
-    P^h   = softmax_rows(MASK(A1^h))                 # T×T, as popgrad.model.first_layer_attention
+    P^h   = softmax_rows(MASK(A1^h))                 # T×T, as popgrad.model.reduced.first_layer_attention
     H^h   = P^h X,   H^h_i = Σ_{j≤i} P^h[i,j] e_{s_j}  # layer-1 output of head h at position i
     Q^h   = H^h_{T-1}                                # the query of head h (the last position's output)
     u_i   = Σ_h (Q^h)ᵀ A2^h H^h_i = Σ_h <κ^h, H^h_i>,   κ^h = (A2^h)ᵀ Q^h
@@ -46,7 +46,7 @@ def head_attention(A1) -> np.ndarray:
     -------
     P : ndarray of float64, shape (k, T, T)
         Row-stochastic, lower triangular per head
-        (:func:`popgrad.model.first_layer_attention` of each head).
+        (:func:`popgrad.model.reduced.first_layer_attention` of each head).
     """
     A1 = as_heads(A1, "A1")
     return np.stack([first_layer_attention(A1[h]) for h in range(A1.shape[0])])

@@ -72,7 +72,7 @@ class Sample(NamedTuple):
 class ExactTask:
     """What every enumerable task shares: sizes, the size guard, chunked enumeration.
 
-    Subclasses (:class:`Task`, :class:`popgrad.multiparent.MultiParentTask`)
+    Subclasses (:class:`Task`, :class:`popgrad.MultiParentTask`)
     set ``_graph``, ``_prior`` and ``_max_sequences`` through
     :meth:`_init_common` and implement :meth:`_fill_chunk` (the exact weights
     of a block of sequences), :meth:`sample` and :meth:`summary`.

@@ -3,7 +3,7 @@ r"""Data-processing-inequality gaps of the idealized gradient and the bounds on 
 For a non-root row ``i`` with parent ``p = p(i)`` the idealized gradient has
 its largest off-diagonal entry at the parent: for every ``j < i``, ``j ≠ p``,
 ``s_j → s_p → s_i`` is a Markov chain given ``π`` and (notation of
-:mod:`popgrad.information`)::
+:mod:`popgrad.theory.information`)::
 
     g[i,p] - g[i,j] = tr((I - Q_j) K Kᵀ) ≥ (1 - ‖Q_j‖₂) ‖K‖_F² ≥ (1 - σ₂(π)) ‖K‖_F²,
 

@@ -11,7 +11,7 @@ from::
 
 ``init_scale = 0`` gives identical heads (and they stay identical: tested).
 
-Schedules (learning rates in the natural units of :mod:`popgrad.dynamics`,
+Schedules (learning rates in the natural units of :mod:`popgrad.train.config`,
 ``η1 = lr1·S·T/β0``, ``η2 = lr2·S``):
 
 * ``"two-stage"``: Stage 1 moves every ``A1^h`` with ``A2`` frozen at

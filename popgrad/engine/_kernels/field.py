@@ -26,7 +26,7 @@ from ...task._weights import decode_sequence, sequence_weight_row
 
 
 # ===========================================================================
-# Enumeration (exact weights of popgrad._kernels)
+# Enumeration (exact weights of popgrad.task._weights)
 # ===========================================================================
 @njit(cache=True)
 def _field_enumerate_one(bk, block, n_total, T, eps, parents, mu, atoms, prior_w, slots):

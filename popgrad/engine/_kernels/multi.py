@@ -1,7 +1,7 @@
 """Numba kernels of the multi-parent task and the k-head model (DESIGN §9).
 
 Kernels take clean, contiguous float64 / int64 arrays and trust them; the
-public functions (:mod:`popgrad.multiparent`, :mod:`popgrad.engine.multi`)
+public functions (:mod:`popgrad.task.tasks`, :mod:`popgrad.engine.multi`)
 validate. ``cache=True`` everywhere, never ``fastmath``;
 ``error_model="numpy"`` where ``ε = 0`` may divide by zero (the loss is then
 ``inf``, not an exception). The enumeration order, the sequence decoder
@@ -10,12 +10,12 @@ validate. ``cache=True`` everywhere, never ``fastmath``;
 
 Contents
 --------
-* :func:`sequence_weight_row_multi`, :func:`chunk_weights_multi`: the exact
-  weights ``w(s, c)`` of :mod:`popgrad.multiparent` (reference:
-  :func:`popgrad.multiparent.sequence_weights_multi_numpy`).
+* the exact weights ``w(s, c)`` live with the task: :func:`popgrad.task._weights.sequence_weight_row_multi`,
+  :func:`popgrad.task._weights.chunk_weights_multi` (reference:
+  :func:`popgrad.task.tasks.sequence_weights_multi_numpy`).
 * :func:`loss_grad_multi` (+ ``_serial`` twin): exact loss, ``G^h = ∂L/∂P^h``
   and ``∂L/∂A2^h`` of the k-head model (reference:
-  :func:`popgrad.engine.multi.exact_loss_and_grad_multi_numpy`; the equations
+  :func:`popgrad.engine.reference.exact_loss_and_grad_numpy`; the equations
   are in :mod:`popgrad.engine.multi`).
 
 Why this engine is a prefix engine, and not the single-parent one with a

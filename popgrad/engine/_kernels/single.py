@@ -206,7 +206,7 @@ def _sequence_loss_grad(s, w, P, A2, eps, want_grad, V, u, a, f, r, dl, G, dA2):
 def loss_grad_rows(seqs, w, P, A2, eps, block_size, want_grad, loss_out, G_out, dA2_out):
     """:func:`loss_grad_direct` on given sequences ``seqs (n, T)`` with weights ``w (n, S)``.
 
-    For Monte-Carlo estimates (:func:`popgrad.exact.sampled_loss_and_grad`):
+    For Monte-Carlo estimates (:func:`popgrad.sampled_loss_and_grad`):
     block ``b`` covers rows ``b·block_size …``; one slot per block, summed in
     order by :func:`sum_slots` (independent of the thread count).
     """
@@ -254,7 +254,7 @@ def loss_rows_each(seqs, w, P, A2, eps, out):
 def attention(A1, P):
     """``P = softmax_rows(MASK(A1))`` (DESIGN §3) into ``P``.
 
-    Reference :func:`popgrad.model.first_layer_attention`.
+    Reference :func:`popgrad.model.reduced.first_layer_attention`.
     """
     T = A1.shape[0]
     for i in range(T):
