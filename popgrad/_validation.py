@@ -67,7 +67,7 @@ def as_real(x, name: str, minimum: float | None = None, strict: bool = False, hi
     except (TypeError, ValueError):
         raise ArgumentTypeError(msg) from None
     if not math.isfinite(v):
-        raise ValueError(f"{name} must be finite, got {v}")
+        raise ValueError(f"{want}, got {v}" if minimum is not None else f"{name} must be finite, got {v}")
     if minimum is not None and (v <= minimum if strict else v < minimum):
         raise ValueError(f"{want}, got {v!r}")
     return v
@@ -91,29 +91,28 @@ def as_eps(task, eps) -> float:
 
 def as_square(M, name: str) -> np.ndarray:
     """A finite float64 square matrix, or an error naming the first bad entry."""
-    try:
-        M = np.asarray(M, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ArgumentTypeError(f"{name} must be a real square matrix") from None
-    if M.ndim != 2 or M.shape[0] != M.shape[1]:
-        raise ValueError(f"{name} must be a square matrix, got shape {M.shape}")
-    if not np.all(np.isfinite(M)):
-        i, j = (int(x) for x in np.argwhere(~np.isfinite(M))[0])
-        raise ValueError(f"{name}[{i}, {j}] = {M[i, j]} is not finite: {name} must be finite (replace inf/NaN)")
-    return M
+    return _as_squares(M, name, 2, "a real square matrix", "a square matrix")
 
 
 def as_heads(M, name: str) -> np.ndarray:
     """A finite float64 array of shape ``(k, n, n)``: one square matrix per head."""
+    what = "shape (k, n, n), one square matrix per head"
+    return _as_squares(M, name, 3, f"a real array of {what}", what)
+
+
+def _as_squares(M, name, ndim, kind, shape_text) -> np.ndarray:
+    """A finite float64 array whose last two axes are square (``ndim`` axes in all)."""
     try:
         M = np.asarray(M, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ArgumentTypeError(f"{name} must be a real array of shape (k, n, n), one square matrix per head") from None
-    if M.ndim != 3 or M.shape[1] != M.shape[2]:
-        raise ValueError(f"{name} must have shape (k, n, n), one square matrix per head, got shape {M.shape}")
+        raise ArgumentTypeError(f"{name} must be {kind}") from None
+    if M.ndim != ndim or M.shape[-1] != M.shape[-2]:
+        have = "have" if ndim == 3 else "be"
+        raise ValueError(f"{name} must {have} {shape_text}, got shape {M.shape}")
     if not np.all(np.isfinite(M)):
-        h, i, j = (int(x) for x in np.argwhere(~np.isfinite(M))[0])
-        raise ValueError(f"{name}[{h}, {i}, {j}] = {M[h, i, j]} is not finite: {name} must be finite (replace inf/NaN)")
+        idx = tuple(int(x) for x in np.argwhere(~np.isfinite(M))[0])
+        where = ", ".join(map(str, idx))
+        raise ValueError(f"{name}[{where}] = {M[idx]} is not finite: {name} must be finite (replace inf/NaN)")
     return M
 
 

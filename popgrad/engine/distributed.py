@@ -57,6 +57,7 @@ from ..task.tasks import MultiParentTask
 from . import multi as _multi
 from . import single as _single
 from ._kernels import ranges as _kr
+from ._kernels import prefix as _kp
 from ._kernels import single as _k
 from .result import LossAndGrad, finish
 from .symmetry import orbit_sizes
@@ -323,7 +324,7 @@ def _prefix_chunk(fp, task, job, lo, hi):
     order = np.ascontiguousarray(sel - lo)
     X = np.empty((T, S, S, T))
     Xg = np.empty((S, plan.dig.shape[0] + 1, plan.n_groups))
-    _k.exp_tables(job.P, job.A2, plan.dig, X, Xg)
+    _kp.exp_tables(job.P, job.A2, plan.dig, X, Xg)
     loss_s = np.zeros(hi - lo)
     G_s, dA2_s = (np.zeros((hi - lo, T, T)), np.zeros((hi - lo, S, S))) if job.want_grad else \
         (np.zeros((hi - lo, 1, 1)), np.zeros((hi - lo, 1, 1)))
@@ -339,7 +340,7 @@ def _prefix_chunk(fp, task, job, lo, hi):
     else:
         Wc, wmode = _single._NO_CACHE, 0
     parallel = plan.parallel and hi - lo > 1 and _threads() > 1
-    kernel = _k.loss_grad_prefix if parallel else _k.loss_grad_prefix_serial
+    kernel = _kp.loss_grad_prefix if parallel else _kp.loss_grad_prefix_serial
     kernel(plan.parents, plan.fac, plan.pk0, plan.wtab, plan.Q, plan.ctx_pos, X, Xg, plan.mask, plan.dig,
            plan.ofac, job.P, job.A2, job.eps, prefixes, order, sym, Wc, bstart, wmode, job.want_grad,
            loss_s, G_k, dA2_k)

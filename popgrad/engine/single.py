@@ -97,6 +97,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .._validation import warn_inf
+from ._kernels import prefix as _kp
 from ._kernels import single as _k
 from ._kernels.numeric import LANES
 from .options import DEFAULT_OPTIONS, ENGINES
@@ -153,7 +154,7 @@ def loss_grad(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> LossAndGr
         plan = _prefix_plan(task, sym, opts)
         X = np.empty((T, S, S, T))
         Xg = np.empty((S, plan.dig.shape[0] + 1, plan.n_groups))
-        _k.exp_tables(P, A2, plan.dig, X, Xg)
+        _kp.exp_tables(P, A2, plan.dig, X, Xg)
         n_blocks = plan.prefixes.shape[0]
         loss_s, G_s, dA2_s = _slots(n_blocks, T, S)
         if plan.wcache:
@@ -163,7 +164,7 @@ def loss_grad(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> LossAndGr
             Wc, wmode = np.empty((plan.n_batch, S * S, plan.n_groups)), 1
         else:
             Wc, wmode = _NO_CACHE, 0
-        kernel = _k.loss_grad_prefix if plan.parallel else _k.loss_grad_prefix_serial
+        kernel = _kp.loss_grad_prefix if plan.parallel else _kp.loss_grad_prefix_serial
         kernel(plan.parents, plan.fac, plan.pk0, plan.wtab, plan.Q, plan.ctx_pos, X, Xg, plan.mask, plan.dig,
                plan.ofac, P, A2, float(eps), plan.prefixes, plan.order, sym, Wc, plan.bstart, wmode,
                bool(want_grad), loss_s, G_s, dA2_s)
@@ -411,7 +412,7 @@ def _prefix_batch_plan(parents, S, T, n_fixed, K, opts):
 
 
 def _batch_factor_table(parents, mu, atoms, Lh, h, ctx_pos):
-    """``Q[ctx, k, g] = Π_{t<h} fac[Lh+t, a_t, g_t, k]`` (see :func:`popgrad._k.loss_grad_prefix`)."""
+    """``Q[ctx, k, g] = Π_{t<h} fac[Lh+t, a_t, g_t, k]`` (see :func:`popgrad.engine._kernels.prefix.loss_grad_prefix`)."""
     K, S, _ = atoms.shape
     n_groups, n_ctx = S**h, S ** len(ctx_pos)
     g_dig = (np.arange(n_groups)[:, None] // S ** np.arange(h - 1, -1, -1)) % S  # (G, h)

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._validation import as_int
+from .._validation import as_int, as_real
 
 __all__ = [
     "FinitePrior",
@@ -526,15 +526,7 @@ def dirichlet_prior(
         Raises ``ValueError`` if every draw has ``tr π < 1`` (or every
         ``> 1``): draw more atoms or change the seed.
     """
-    if isinstance(S, bool) or not isinstance(S, (int, np.integer)) or S < 2:
-        raise ValueError(f"S must be an integer >= 2, got {S!r}")
-    try:
-        alpha = float(alpha)
-    except (TypeError, ValueError):
-        raise ValueError(f"alpha must be a positive number, got {alpha!r}") from None
-    if not (np.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"alpha must be a positive finite Dirichlet concentration, got {alpha}")
-    n_atoms = as_int(n_atoms, "n_atoms", minimum=1)
+    S, alpha, n_atoms = dirichlet_arguments(S, alpha, n_atoms)
     rng = np.random.default_rng(seed)
     atoms = rng.dirichlet(np.full(S, alpha), size=(int(n_atoms), int(S)))
     # Renormalise to remove the last-ulp drift of the sampler.
@@ -549,6 +541,15 @@ def dirichlet_prior(
     if symmetrize:
         return FinitePrior.relabeling_closure(atoms, draw_weights)
     return FinitePrior(atoms)
+
+
+def dirichlet_arguments(S, alpha, n_atoms) -> tuple:
+    """``(S, alpha, n_atoms)`` of a Dirichlet prior, checked: integers ``S >= 2``, ``n_atoms >= 1`` and a
+    positive finite concentration ``alpha`` (shared by :func:`dirichlet_prior` and
+    :func:`popgrad.dirichlet_tensor_prior`)."""
+    S = as_int(S, "S", minimum=2)
+    alpha = as_real(alpha, "alpha", minimum=0, strict=True, hint=" (the Dirichlet concentration)")
+    return S, alpha, as_int(n_atoms, "n_atoms", minimum=1)
 
 
 def _uniform_mean_tilt(atoms) -> np.ndarray:

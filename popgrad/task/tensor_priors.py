@@ -16,13 +16,19 @@ all ``S!`` relabelings ``π^σ(σc | σa_1 .. σa_k) = π(c | a_1 .. a_k)``.
 from __future__ import annotations
 
 import itertools
-import math
 from typing import NamedTuple
 
 import numpy as np
 
 from .._validation import as_int
-from .priors import MAX_CLOSURE_ATOMS, ROW_SUM_TOL, FinitePrior, closed_under_relabeling, validated_weights
+from .priors import (
+    MAX_CLOSURE_ATOMS,
+    ROW_SUM_TOL,
+    FinitePrior,
+    closed_under_relabeling,
+    dirichlet_arguments,
+    validated_weights,
+)
 
 __all__ = ["TensorPrior", "TensorPriorDiagnostics", "dirichlet_tensor_prior", "relabel_tensor"]
 
@@ -299,15 +305,8 @@ def dirichlet_tensor_prior(S: int, k: int, alpha: float, n_atoms: int, seed, sym
     seed : int
     symmetrize : bool, default True
     """
-    S = as_int(S, "S", minimum=2)
+    S, alpha, n_atoms = dirichlet_arguments(S, alpha, n_atoms)
     k = as_int(k, "k", minimum=1)
-    try:
-        alpha = float(alpha)
-    except (TypeError, ValueError):
-        raise ValueError(f"alpha must be a positive number, got {alpha!r}") from None
-    if not (math.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"alpha must be a positive finite Dirichlet concentration, got {alpha}")
-    n_atoms = as_int(n_atoms, "n_atoms", minimum=1)
     rng = np.random.default_rng(seed)
     atoms = rng.dirichlet(np.full(S, alpha), size=(n_atoms, S**k))
     atoms = atoms / atoms.sum(axis=2, keepdims=True)
