@@ -37,7 +37,7 @@ import popgrad as pg
 from popgrad import checks
 from popgrad._io import atomic_write_text
 from popgrad.model.multihead import head_attention
-from popgrad.theory.baselines import construction_params
+from popgrad.engine.baselines import construction_params
 from popgrad.app.plots import plot_head_attention, plot_loss
 
 from _common import ensure_out, parser

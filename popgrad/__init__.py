@@ -4,7 +4,7 @@ Structure with Gradient Descent" (Nichani, Damian & Lee, ICML 2024).
 Data flow, one subpackage per step::
 
     task (graphs, priors, exact sequence weights) -> model (NumPy forward passes)
-      -> engine (exact population loss/gradient)  |  theory (polynomial in T: g, χ², DPI, L*)
+      -> engine (exact population loss/gradient, reference losses)  |  theory (polynomial in T: g, χ², DPI)
       -> train (Algorithm 1) -> checks (CheckResult) -> app (cli, jobs, report, plots)
 
 See ``docs/DESIGN.md`` for the conventions (0-based positions, query last,
@@ -46,11 +46,19 @@ from .engine import (
     EngineOptions,
     LossAndGrad,
     Stage1Field,
+    bayes_loss,
+    bayes_loss_multi,
     clear_caches,
+    construction_loss,
+    construction_loss_multi,
+    count_estimator_loss,
+    count_estimator_loss_multi,
     exact_loss,
     exact_loss_and_grad,
     exact_loss_and_grad_multi,
     exact_loss_multi,
+    optimal_loss,
+    optimal_loss_multi,
     sampled_loss_and_grad,
     stage1_field,
     symmetry_applies,
@@ -60,21 +68,13 @@ from .theory import (
     ChainInformation,
     DpiReport,
     assumptions,
-    bayes_loss,
-    bayes_loss_multi,
     bound_readings,
     chain_information,
-    construction_loss,
-    construction_loss_multi,
-    count_estimator_loss,
-    count_estimator_loss_multi,
     dpi_report,
     dpi_report_pi,
     idealized_grad_A1,
     idealized_gradient,
     idealized_gradient_single,
-    optimal_loss,
-    optimal_loss_multi,
     pairwise_joint,
 )
 from .train import MultiHeadTrainConfig, TrainConfig, Trajectory, train_multi_head, train_two_stage

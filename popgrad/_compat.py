@@ -18,9 +18,9 @@ MOVED = {
     "priors": ("popgrad.task.priors",),
     "multiparent": ("popgrad.task.multigraphs", "popgrad.task.tensor_priors", "popgrad.task.tasks"),
     "exact": ("popgrad.engine.api", "popgrad.engine.result", "popgrad.engine.symmetry", "popgrad.engine.reference",
-              "popgrad.theory.baselines", "popgrad.engine.single"),
+              "popgrad.engine.baselines", "popgrad.engine.single"),
     "multihead": ("popgrad.model.multihead", "popgrad.engine.api", "popgrad.engine.result",
-                  "popgrad.theory.baselines"),
+                  "popgrad.engine.baselines"),
     "information": ("popgrad.theory.information",),
     "dpi": ("popgrad.theory.dpi",),
     "dynamics": ("popgrad.train.algorithm1", "popgrad.train.config", "popgrad.train.loop", "popgrad.train.trajectory"),
@@ -53,6 +53,23 @@ class _MovedModule(types.ModuleType):
                 return getattr(mod, name)
         raise AttributeError(f"module {self.__name__!r} has no attribute {name!r} "
                              f"(it moved to {', '.join(self._targets)})")
+
+
+def moved_attribute(old: str, name: str, new: str):
+    """``getattr(new, name)`` with a ``DeprecationWarning`` that ``old.name`` moved (for a module's ``__getattr__``).
+
+    ``new`` is imported by name when the attribute is first asked for, so the old module imports nothing
+    from the new one (``popgrad.theory`` keeps the moved reference losses this way without importing the
+    engine).
+    """
+    if name.startswith("__"):
+        raise AttributeError(name)
+    mod = importlib.import_module(new)
+    if not hasattr(mod, name):
+        raise AttributeError(f"module {old!r} has no attribute {name!r}")
+    warnings.warn(f"{old}.{name} is deprecated and will be removed in popgrad 0.3: use {new}.{name} "
+                  f"(or popgrad.{name} where it is public)", DeprecationWarning, stacklevel=3)
+    return getattr(mod, name)
 
 
 def install() -> None:

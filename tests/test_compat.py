@@ -6,7 +6,7 @@ import pytest
 
 import popgrad as pg
 from popgrad.engine import reference
-from popgrad.theory import baselines
+from popgrad.engine import baselines
 
 
 def test_old_exact_path_warns_and_forwards():

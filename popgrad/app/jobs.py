@@ -54,7 +54,7 @@ from ..task import (
     two_parent,
 )
 from ..engine.sampled import SampledObjective, sampled_reference_losses
-from ..theory.baselines import optimal_loss
+from ..engine.baselines import optimal_loss
 from ..train.algorithm1 import idealized_available, train_two_stage
 from ..train.config import GRADIENTS, SCHEDULES, STAGE2_METHODS, MultiHeadTrainConfig, TrainConfig
 from ..train.loop import load_checkpoint

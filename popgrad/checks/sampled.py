@@ -19,7 +19,7 @@ from ..engine.sampled import SampledObjective, estimate, quantile_interval, samp
 from ..model.reduced import _predict, first_layer_attention
 from ..task.priors import FinitePrior
 from ..task.tasks import Task
-from ..theory.baselines import optimal_loss
+from ..engine.baselines import optimal_loss
 from .results import CheckResult
 from .theorems import ood_transition
 

@@ -49,7 +49,7 @@ from ..model.multihead import head_attention
 from ..model.reduced import first_layer_attention, predict
 from ..task.priors import FinitePrior, stationary_distribution
 from ..task.tasks import MultiParentTask, Task, decode_sequences
-from ..theory.baselines import bayes_loss, count_estimator_loss, optimal_loss
+from ..engine.baselines import bayes_loss, count_estimator_loss, optimal_loss
 from ..theory.information import idealized_grad_A1
 from ..train.algorithm1 import train_two_stage
 from ..train.multihead import initial_parameters

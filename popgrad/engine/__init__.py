@@ -4,6 +4,10 @@
   ``clear_caches``; validates once and dispatches on the task kind;
 * :mod:`.single` -- single-parent engines (prefix, direct), plans and the weight cache;
 * :mod:`.multi` -- the k-head engine;
+* :mod:`.baselines` -- reference losses that enumerate: L*, Bayes, count estimator, construction
+  (every task kind);
+* :mod:`.sampled` -- Stage 2 from a sample (DESIGN §13);
+* :mod:`.distributed` -- one enumeration over Dask workers (imported on first ``client=`` call);
 * :mod:`.symmetry` -- exact relabeling-orbit reduction (closure test, canonical sequences);
 * :mod:`.reference` -- NumPy references of every engine;
 * :mod:`.field` -- the Stage-1 field (DESIGN §12): ``stage1_field`` by enumeration or count generating
@@ -21,6 +25,18 @@ from .api import (
     exact_loss_multi,
     sampled_loss_and_grad,
 )
+from .baselines import (
+    bayes_loss,
+    bayes_loss_multi,
+    construction_loss,
+    construction_loss_multi,
+    construction_params,
+    count_estimator_loss,
+    count_estimator_loss_multi,
+    count_estimator_predict,
+    optimal_loss,
+    optimal_loss_multi,
+)
 from .field import Stage1Field, field_atoms, stage1_field, stage1_field_from_atoms, stage1_field_numpy
 from .options import DEFAULT_OPTIONS, ENGINES, EngineOptions
 from .reference import exact_loss_and_grad_numpy
@@ -32,4 +48,7 @@ __all__ = [
     "LossAndGrad", "EngineOptions", "DEFAULT_OPTIONS", "ENGINES", "symmetry_applies", "canonical_count",
     "canonical_sequences", "Stage1Field", "stage1_field", "stage1_field_from_atoms", "stage1_field_numpy",
     "field_atoms", "exact_loss_and_grad_multi", "exact_loss_multi", "exact_loss_and_grad_multi_numpy",
+    "optimal_loss", "bayes_loss", "count_estimator_predict", "count_estimator_loss", "construction_params",
+    "construction_loss", "optimal_loss_multi", "bayes_loss_multi", "count_estimator_loss_multi",
+    "construction_loss_multi",
 ]

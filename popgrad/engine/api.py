@@ -4,7 +4,9 @@ Everything here is a finite sum over all ``S**T`` sequences with their exact
 weights ``w(s, c)`` (DESIGN §2): no sampling (except in
 :func:`sampled_loss_and_grad`, which says so). The population is exact *for
 the task's finite prior*. The front end validates once, then dispatches on
-the task kind to a specialized engine:
+the task kind to a specialized engine, through its block runner
+(:mod:`popgrad.engine.blocks`: ``blocks`` → ``run_blocks`` → ``finish_blocks``;
+with ``client=`` the ranges run on Dask workers, :mod:`popgrad.engine.distributed`):
 
 * :class:`popgrad.Task` (single-parent): :mod:`popgrad.engine.single`
   (``engine="prefix"`` or ``"direct"``, with the exact relabeling-orbit
@@ -124,10 +126,16 @@ def _dispatch(task, A1, A2, eps, want_grad, symmetry, engine, options, client=No
     if client is not None:  # one enumeration over the client's workers (imports no Dask itself)
         from . import distributed as _distributed
 
-        return _distributed.loss_grad(task, A1, A2, eps, want_grad, engine, symmetry, opts, client)
+        _distributed.check_client(client)
     if isinstance(task, MultiParentTask):
-        return _multi.loss_grad(task, A1, A2, eps, want_grad, opts)
-    return _single.loss_grad(task, A1, A2, eps, want_grad, engine, symmetry, opts)
+        runner, job = _multi, _multi.blocks(task, A1, A2, eps, want_grad, opts)
+    else:
+        runner, job = _single, _single.blocks(task, A1, A2, eps, want_grad, engine, symmetry, opts)
+    if client is None:
+        partials = runner.run_blocks(task, job, 0, job.n_blocks)
+    else:  # the same blocks over the client's workers
+        partials = _distributed.run_blocks(client, task, job, runner.block_work(task, job), runner.run_blocks)
+    return runner.finish_blocks(job, partials)
 
 
 def sampled_loss_and_grad(task, A1, A2, n, seed, eps=None, options=None) -> LossAndGrad:

@@ -37,8 +37,10 @@ nothing, as does adding a constant to a row of ``A1^h``; permuting the heads
 (``A1`` and ``A2`` together) changes nothing.
 
 Engines: :func:`popgrad.exact_loss_and_grad` runs the numba prefix kernel of
-:mod:`popgrad.engine._kernels.multi` (fixed blocks, per-block slots summed in
-order: bit-identical for any thread count);
+:mod:`popgrad.engine._kernels.multi` through the block runner of
+:mod:`popgrad.engine.blocks` (:func:`blocks`, :func:`run_blocks`,
+:func:`finish_blocks`: fixed blocks, per-block slots summed in order,
+bit-identical for any thread count and over Dask workers);
 :func:`popgrad.engine.reference.exact_loss_and_grad_numpy` is the plain-NumPy reference of the
 equations above over chunks of sequences.
 """
@@ -51,13 +53,14 @@ import numpy as np
 from .._validation import warn_inf
 from ..model.multihead import head_attention
 from ._kernels import multi as _km
+from ._kernels import ranges as _kr
+from .blocks import BlockJob, Partials
 from .result import LossAndGrad, finish
 
-__all__ = ["loss_grad"]
+__all__ = ["loss_grad", "blocks", "block_work", "run_blocks", "finish_blocks", "n_fixed"]
 
 
-# ======================================================== implementation
-def _n_fixed(S, T, opts) -> int:
+def n_fixed(S, T, opts) -> int:
     """Leading positions fixed per block: blocks of ``≥ multi_block_sequences``, at most ``max_blocks``; ``S``, ``T``, options only."""
     D = 0
     while D < T - 1 and S ** (T - D - 1) >= opts.multi_block_sequences and S ** (D + 1) <= opts.max_blocks:
@@ -65,24 +68,50 @@ def _n_fixed(S, T, opts) -> int:
     return D
 
 
+_n_fixed = n_fixed  # the old private name (tests, benchmarks)
+
+
 def loss_grad(task, A1, A2, eps, want_grad, opts) -> LossAndGrad:
-    """Run the k-head numba engine on validated input (``A1 (k,T,T)``, ``A2 (k,S,S)``)."""
+    """Run the k-head numba engine on validated input (``A1 (k,T,T)``, ``A2 (k,S,S)``): all blocks, here."""
+    job = blocks(task, A1, A2, eps, want_grad, opts)
+    return finish_blocks(job, run_blocks(task, job, 0, job.n_blocks))
+
+
+# ------------------------------------------------------------ the block runner (engine/blocks.py)
+def blocks(task, A1, A2, eps, want_grad, opts) -> BlockJob:
+    """The call's layer-1 attention ``P^h`` and blocks (``S**n_fixed`` of them), on validated input."""
     task.check_size()
-    S, T, k = task.S, task.T, task.k
     P = np.ascontiguousarray(head_attention(A1))
     A2 = np.ascontiguousarray(A2, dtype=np.float64)
+    return BlockJob("multi", False, P, A2, float(eps), bool(want_grad), opts,
+                    task.S ** n_fixed(task.S, task.T, opts))
+
+
+def block_work(task, job) -> np.ndarray:
+    """Relative cost of each block, ``(n_blocks,)`` int64: all equal."""
+    return np.ones(job.n_blocks, dtype=np.int64)
+
+
+def run_blocks(task, job, lo, hi) -> Partials:
+    """The per-block slots of blocks ``lo … hi-1`` of ``job`` (bit for bit those of a whole-range run)."""
+    S, T, k = task.S, task.T, task.k
     parents, tp, atoms, pk0 = task.kernel_arrays()
-    D = _n_fixed(S, T, opts)
-    n_blocks = S**D
-    loss_s = np.zeros(n_blocks)
-    G_s = np.zeros((n_blocks, k, T, T) if want_grad else (n_blocks, k, 1, 1))
-    dA2_s = np.zeros((n_blocks, k, S, S) if want_grad else (n_blocks, k, 1, 1))
-    parallel = n_blocks > 1 and task.n_sequences >= opts.parallel_min_sequences
-    kernel = _km.loss_grad_multi if parallel else _km.loss_grad_multi_serial
-    kernel(parents, tp, atoms, pk0, P, A2, float(eps), D, bool(want_grad), loss_s, G_s, dA2_s)
-    loss = float(_km.sum_slots(loss_s, G_s, dA2_s))  # block order; totals in slot 0
-    if not want_grad:
+    n = hi - lo
+    loss_s = np.zeros(n)
+    G_s = np.zeros((n, k, T, T) if job.want_grad else (n, k, 1, 1))
+    dA2_s = np.zeros((n, k, S, S) if job.want_grad else (n, k, 1, 1))
+    parallel = job.n_blocks > 1 and n > 1 and task.n_sequences >= job.opts.parallel_min_sequences
+    kernel = _kr.loss_grad_multi_range if parallel else _kr.loss_grad_multi_range_serial
+    kernel(lo, parents, tp, atoms, pk0, job.P, job.A2, job.eps, n_fixed(S, T, job.opts), job.want_grad,
+           loss_s, G_s, dA2_s)
+    return Partials(loss_s, G_s, dA2_s)
+
+
+def finish_blocks(job, partials) -> LossAndGrad:
+    """All blocks' :class:`Partials`, in block order: summed, then the softmax Jacobian (:func:`finish`)."""
+    loss = float(_km.sum_slots(partials.loss, partials.G, partials.dA2))  # block order; totals in slot 0
+    if not job.want_grad:
         if math.isinf(loss):
             warn_inf("exact_loss_multi")
         return LossAndGrad(loss, None, None)
-    return finish(loss, G_s[0], dA2_s[0], P, "exact_loss_and_grad")
+    return finish(loss, partials.G[0], partials.dA2[0], job.P, "exact_loss_and_grad")

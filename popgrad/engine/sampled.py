@@ -42,8 +42,8 @@ from ..model.reduced import _predict, first_layer_attention
 from ..task import _weights
 from ..task.priors import MAX_CLOSURE_ATOMS
 from ..task.tasks import Sample, Task
-from ..theory.baselines import count_estimator_predict
 from ._args import options_or_default
+from .baselines import count_estimator_predict
 from .result import LossAndGrad
 from .single import rows_loss_and_grad, rows_losses
 from .symmetry import symmetrize_dA2

@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from collections import OrderedDict
 from typing import NamedTuple
 
@@ -98,13 +99,16 @@ import numpy as np
 
 from .._validation import warn_inf
 from ._kernels import prefix as _kp
+from ._kernels import ranges as _kr
 from ._kernels import single as _k
 from ._kernels.numeric import LANES
+from .blocks import BlockJob, Partials
 from .options import DEFAULT_OPTIONS, ENGINES
 from .result import LossAndGrad
 from .symmetry import SYMMETRY_MODES, canonical_count, canonical_sequences, orbit_sizes, symmetry_check
 
-__all__ = ["loss_grad", "rows_loss_and_grad", "clear_plans"]
+__all__ = ["loss_grad", "blocks", "block_work", "run_blocks", "finish_blocks", "decide", "direct_blocks",
+           "finish_slots", "rows_loss_and_grad", "rows_losses", "cache_stats", "clear_plans"]
 
 
 class _Plan(NamedTuple):
@@ -125,8 +129,9 @@ class _Plan(NamedTuple):
     sequences: int  # sequences the engine visits (canonical ones with symmetry)
     parallel: bool
     bstart: np.ndarray  # first batch node of each block in the weight cache
-    wcache: list  # [] until the first call fills it with the (n_batch, S*S, NG) weights (if small enough)
+    wcache: dict  # (lo, hi) -> the (batch nodes of blocks lo..hi-1, S*S, NG) leaf weights, filled on first use
     n_batch: int
+    work: np.ndarray  # batch nodes per block (the blocks' relative cost)
 
 
 _NO_CACHE = np.zeros((0, 0, 0))
@@ -135,50 +140,109 @@ _NO_CACHE = np.zeros((0, 0, 0))
 #: Prefix plans, ``(task.fingerprint, sym, options.plan_key()) -> plan``, least recently used first.
 #: A fingerprint identifies the task's graph and prior exactly, so equal tasks share a plan.
 _PLANS = OrderedDict()
-
-
 _PLAN_CACHE_SIZE = 16
+_LOCK = threading.Lock()  # the plan and weight caches (threads of one process may share them)
+_STATS = {"plan_builds": 0, "weight_builds": 0}
 
 
 def loss_grad(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> LossAndGrad:
-    """Run a numba engine on validated input.
+    """Run a numba engine on validated input: all blocks of :func:`blocks`, in this process.
 
     ``engine`` in {"auto", "prefix", "direct"}; ``symmetry`` in {"auto", "on", "off"}; ``opts`` an
     :class:`EngineOptions`.
     Kept lean: the training loop calls it thousands of times on small tasks.
     """
+    job = blocks(task, A1, A2, eps, want_grad, engine, symmetry, opts)
+    return finish_blocks(job, run_blocks(task, job, 0, job.n_blocks))
+
+
+# ------------------------------------------------------------ the block runner (engine/blocks.py)
+def blocks(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> BlockJob:
+    """The call's decisions (:func:`decide`) and its number of blocks, on validated input."""
     task.check_size()
-    S, T = task.S, task.T
     sym, A2, P, engine = decide(task, A1, A2, symmetry, engine, opts)
     if engine == "prefix":
-        plan = _prefix_plan(task, sym, opts)
+        n_blocks = _prefix_plan(task, sym, opts).prefixes.shape[0]
+    else:
+        n_blocks = direct_blocks(task.S, task.T, opts)[1]
+    return BlockJob(engine, sym, P, A2, float(eps), bool(want_grad), opts, n_blocks)
+
+
+def block_work(task, job) -> np.ndarray:
+    """Relative cost of each block, ``(n_blocks,)`` int64: batch nodes (prefix engine) or 1 (direct)."""
+    if job.engine == "prefix":
+        return _prefix_plan(task, job.sym, job.opts).work
+    return np.ones(job.n_blocks, dtype=np.int64)
+
+
+def run_blocks(task, job, lo, hi) -> Partials:
+    """The per-block slots of blocks ``lo … hi-1`` of ``job`` (bit for bit those of a whole-range run).
+
+    The prefix engine keeps, per plan, the leaf weights of each range it ran (``(lo, hi) → W``, within
+    the options' byte limits), so a training loop, or a worker that runs the same chunk every call,
+    computes them once.
+    """
+    S, T = task.S, task.T
+    n = hi - lo
+    opts = job.opts
+    if job.engine == "prefix":
+        plan = _prefix_plan(task, job.sym, opts)
         X = np.empty((T, S, S, T))
         Xg = np.empty((S, plan.dig.shape[0] + 1, plan.n_groups))
-        _kp.exp_tables(P, A2, plan.dig, X, Xg)
-        n_blocks = plan.prefixes.shape[0]
-        loss_s, G_s, dA2_s = _slots(n_blocks, T, S)
-        if plan.wcache:
-            Wc, wmode = plan.wcache[0], 2
-        elif plan.n_batch * S * S * plan.n_groups * 8 <= opts.weight_cache_bytes:
-            _make_room(opts, plan.n_batch * S * S * plan.n_groups * 8)
-            Wc, wmode = np.empty((plan.n_batch, S * S, plan.n_groups)), 1
+        _kp.exp_tables(job.P, job.A2, plan.dig, X, Xg)
+        if lo == 0 and hi == plan.prefixes.shape[0]:
+            prefixes, order, bstart, n_batch = plan.prefixes, plan.order, plan.bstart, plan.n_batch
         else:
-            Wc, wmode = _NO_CACHE, 0
-        kernel = _kp.loss_grad_prefix if plan.parallel else _kp.loss_grad_prefix_serial
+            first = int(plan.bstart[lo])
+            n_batch = (int(plan.bstart[hi]) if hi < plan.prefixes.shape[0] else plan.n_batch) - first
+            prefixes = np.ascontiguousarray(plan.prefixes[lo:hi])
+            bstart = np.ascontiguousarray(plan.bstart[lo:hi] - first)
+            order = np.ascontiguousarray(plan.order[(plan.order >= lo) & (plan.order < hi)] - lo)  # balanced order
+        loss_s, G_s, dA2_s = _slots(n, T, S)
+        nbytes = n_batch * S * S * plan.n_groups * 8
+        with _LOCK:
+            Wc = plan.wcache.get((lo, hi))
+            if Wc is not None:
+                wmode = 2
+            elif nbytes <= opts.weight_cache_bytes:
+                _make_room(opts, nbytes)
+                Wc, wmode = np.empty((n_batch, S * S, plan.n_groups)), 1
+            else:
+                Wc, wmode = _NO_CACHE, 0
+        kernel = _kp.loss_grad_prefix if plan.parallel and n > 1 else _kp.loss_grad_prefix_serial
         kernel(plan.parents, plan.fac, plan.pk0, plan.wtab, plan.Q, plan.ctx_pos, X, Xg, plan.mask, plan.dig,
-               plan.ofac, P, A2, float(eps), plan.prefixes, plan.order, sym, Wc, plan.bstart, wmode,
-               bool(want_grad), loss_s, G_s, dA2_s)
-        if wmode == 1:
-            plan.wcache.append(Wc)
-    elif engine == "direct":
-        parents, mu, atoms, prior_w = task.kernel_arrays()
-        n_total = S**T
-        block_size, n_blocks = direct_blocks(S, T, opts)
-        loss_s, G_s, dA2_s = _slots(n_blocks, T, S)
-        kernel = _k.loss_grad_direct if _parallel(n_blocks, n_total, opts) else _k.loss_grad_direct_serial
-        kernel(parents, mu, atoms, prior_w, P, A2, float(eps), block_size, sym, orbit_sizes(S), bool(want_grad),
+               plan.ofac, job.P, job.A2, job.eps, prefixes, order, job.sym, Wc, bstart, wmode, job.want_grad,
                loss_s, G_s, dA2_s)
-    return finish_slots(loss_s, G_s, dA2_s, P, sym, want_grad)
+        if wmode == 1:
+            with _LOCK:
+                plan.wcache[(lo, hi)] = Wc
+                _STATS["weight_builds"] += 1
+    elif job.engine == "direct":
+        parents, mu, atoms, prior_w = task.kernel_arrays()
+        block_size = direct_blocks(S, T, opts)[0]
+        loss_s, G_s, dA2_s = _slots(n, T, S)
+        parallel = _parallel(job.n_blocks, S**T, opts) and n > 1
+        kernel = _kr.loss_grad_direct_range if parallel else _kr.loss_grad_direct_range_serial
+        kernel(lo, parents, mu, atoms, prior_w, job.P, job.A2, job.eps, block_size, job.sym, orbit_sizes(S),
+               job.want_grad, loss_s, G_s, dA2_s)
+    else:
+        raise ValueError(f"engine must be 'prefix' or 'direct', got {job.engine!r}")
+    if not job.want_grad:  # a loss-only job ships no gradient slots
+        return Partials(loss_s, np.zeros((n, 1, 1)), np.zeros((n, 1, 1)))
+    return Partials(loss_s, G_s, dA2_s)
+
+
+def finish_blocks(job, partials) -> LossAndGrad:
+    """All blocks' :class:`Partials`, in block order: summed, then :func:`finish_slots`."""
+    return finish_slots(partials.loss, partials.G, partials.dA2, job.P, job.sym, job.want_grad)
+
+
+def cache_stats() -> dict:
+    """Counters of this process's prefix caches: plans and leaf weights built and held, bytes held."""
+    with _LOCK:
+        held = [W for p in _PLANS.values() for W in p.wcache.values()]
+        return dict(_STATS, plans_held=len(_PLANS), weight_caches_held=len(held),
+                    weight_bytes=int(sum(W.nbytes for W in held)))
 
 
 def decide(task, A1, A2, symmetry, engine, opts):
@@ -240,14 +304,16 @@ def finish_slots(loss_s, G_s, dA2_s, P, sym, want_grad) -> LossAndGrad:
 
 
 def _make_room(opts, nbytes):
-    """Drop the cached leaf weights of the least recently used plans until ``nbytes`` more fit in the budget."""
-    held = [p for p in _PLANS.values() if p.wcache]  # oldest first
-    total = sum(p.wcache[0].nbytes for p in held)
-    for p in held:
+    """Drop cached leaf weights, least recently used plan first, until ``nbytes`` more fit in the budget.
+
+    Called with ``_LOCK`` held.
+    """
+    held = [(p, key) for p in _PLANS.values() for key in p.wcache]  # oldest plan first
+    total = sum(p.wcache[key].nbytes for p, key in held)
+    for p, key in held:
         if total + nbytes <= opts.weight_cache_total:
             break
-        total -= p.wcache[0].nbytes
-        p.wcache.clear()
+        total -= p.wcache.pop(key).nbytes
 
 
 def _parallel(n_blocks, n_sequences, opts) -> bool:
@@ -258,14 +324,17 @@ def _parallel(n_blocks, n_sequences, opts) -> bool:
 # ------------------------------------------------------------ prefix engine plan
 def _prefix_plan(task, sym, opts) -> _Plan:
     key = (task.fingerprint, bool(sym), opts.plan_key())
-    plan = _PLANS.get(key)
-    if plan is not None:
-        _PLANS.move_to_end(key)
-        return plan
+    with _LOCK:
+        plan = _PLANS.get(key)
+        if plan is not None:
+            _PLANS.move_to_end(key)
+            return plan
     plan = _build_prefix_plan(task, sym, opts)
-    _PLANS[key] = plan
-    while len(_PLANS) > _PLAN_CACHE_SIZE:
-        _PLANS.popitem(last=False)
+    with _LOCK:
+        _PLANS[key] = plan
+        _STATS["plan_builds"] += 1
+        while len(_PLANS) > _PLAN_CACHE_SIZE:
+            _PLANS.popitem(last=False)
     return plan
 
 
@@ -313,7 +382,7 @@ def _build_prefix_plan(task, sym, opts) -> _Plan:
         parents=parents, fac=fac, pk0=prior_w / S, wtab=np.ascontiguousarray(atoms.reshape(K, S * S)), Q=Q,
         ctx_pos=ctx_pos, mask=mask, dig=dig, ofac=ofac, prefixes=np.ascontiguousarray(prefixes),
         order=order, n_groups=NG, sequences=sequences, parallel=_parallel(n_blocks, sequences, opts),
-        bstart=bstart, wcache=[], n_batch=int(sum(per_block)),
+        bstart=bstart, wcache={}, n_batch=int(sum(per_block)), work=np.asarray(per_block, dtype=np.int64),
     )
 
 
@@ -474,4 +543,5 @@ def rows_losses(seqs, w, A1, A2, eps) -> np.ndarray:
 
 def clear_plans() -> None:
     """Forget every cached prefix plan and leaf-weight cache (the next call on a task rebuilds them)."""
-    _PLANS.clear()
+    with _LOCK:
+        _PLANS.clear()

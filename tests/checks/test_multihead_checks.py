@@ -3,7 +3,7 @@ import numpy as np
 
 import popgrad as pg
 from popgrad import checks
-from popgrad.theory import baselines
+from popgrad.engine import baselines
 
 
 def small_task(graph=None, S=2, n_atoms=2, seed=0, symmetrize=True):

@@ -20,7 +20,7 @@ from hypothesis import given, settings, strategies as st
 
 import popgrad as pg
 from popgrad.engine import multi, reference, single
-from popgrad.theory import baselines
+from popgrad.engine import baselines
 
 from ..strategies import multi_tasks, run_engine, tasks
 

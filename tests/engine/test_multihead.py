@@ -13,7 +13,7 @@ from popgrad.engine import reference
 from popgrad.task.multigraphs import MultiParentGraph
 from popgrad.task.tasks import sequence_weights_multi_numpy
 from popgrad.task.tensor_priors import TensorPrior
-from popgrad.theory import baselines
+from popgrad.engine import baselines
 
 from ..strategies import graphs, multi_tasks
 

@@ -328,7 +328,7 @@ def test_weight_cache_budget_drops_the_least_recently_used():
     tasks_ = [closed_task(S=3, T=7, seed=s) for s in range(3)]
     A1, A2 = np.zeros((7, 7)), np.eye(3)
     first = [pg.exact_loss_and_grad(t, A1, A2, symmetry="off") for t in tasks_]
-    nbytes = single._prefix_plan(tasks_[0], False, pg.DEFAULT_OPTIONS).wcache[0].nbytes
+    nbytes = sum(W.nbytes for W in single._prefix_plan(tasks_[0], False, pg.DEFAULT_OPTIONS).wcache.values())
     opts = pg.EngineOptions(weight_cache_total=2 * nbytes)  # room for two tasks' weights (the plans are shared)
     for t in tasks_:
         single._prefix_plan(t, False, opts).wcache.clear()

@@ -13,8 +13,9 @@ Contents
 * the exact weights ``w(s, c)`` live with the task: :func:`popgrad.task._weights.sequence_weight_row_multi`,
   :func:`popgrad.task._weights.chunk_weights_multi` (reference:
   :func:`popgrad.task.tasks.sequence_weights_multi_numpy`).
-* :func:`loss_grad_multi` (+ ``_serial`` twin): exact loss, ``G^h = ∂L/∂P^h``
-  and ``∂L/∂A2^h`` of the k-head model (reference:
+* :func:`_multi_block`, one block of the exact loss, ``G^h = ∂L/∂P^h``
+  and ``∂L/∂A2^h`` of the k-head model (its range entries are in
+  :mod:`popgrad.engine._kernels.ranges`) (reference:
   :func:`popgrad.engine.reference.exact_loss_and_grad_numpy`; the equations
   are in :mod:`popgrad.engine.multi`).
 
@@ -47,7 +48,7 @@ only), each block writes its own slot, and
 do not depend on the number of threads.
 """
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 
 from .single import sum_slots  # noqa: F401  (re-exported for the callers)
@@ -55,46 +56,9 @@ from .single import sum_slots  # noqa: F401  (re-exported for the callers)
 
 
 # ======================================================== loss and gradient
-@njit(cache=True, parallel=True, error_model="numpy")
-def loss_grad_multi(parents, tp, atoms, pk0, P, A2, eps, n_fixed, want_grad, loss_out, G_out, dA2_out):
-    """Exact loss, ``G^h = ∂L/∂P^h`` and ``∂L/∂A2^h`` of the k-head model, one slot per block.
-
-    Parameters
-    ----------
-    parents : int64 (T, k)
-    tp : int64 (k,)
-        The target's parents.
-    atoms : float64 (K, S**k, S)
-    pk0 : float64 (K,)
-        ``weights · S^{-|R|}``.
-    P : float64 (k, T, T)
-        ``P^h = softmax_rows(MASK(A1^h))``.
-    A2 : float64 (k, S, S)
-    eps : float
-    n_fixed : int
-        Leading positions fixed per block (``≤ T-1``);
-        ``loss_out.shape[0] = S**n_fixed``.
-    want_grad : bool
-        ``False``: forward only.
-    loss_out, G_out, dA2_out : float64 (n_blocks,), (n_blocks, k, T, T), (n_blocks, k, S, S)
-        Zero on entry.
-    """
-    for blk in prange(loss_out.shape[0]):
-        loss_out[blk] = _multi_block(blk, parents, tp, atoms, pk0, P, A2, eps, n_fixed, want_grad,
-                                     G_out[blk], dA2_out[blk])
-
-
-@njit(cache=True, error_model="numpy")
-def loss_grad_multi_serial(parents, tp, atoms, pk0, P, A2, eps, n_fixed, want_grad, loss_out, G_out, dA2_out):
-    """:func:`loss_grad_multi` on the calling thread (same blocks, same bits)."""
-    for blk in range(loss_out.shape[0]):
-        loss_out[blk] = _multi_block(blk, parents, tp, atoms, pk0, P, A2, eps, n_fixed, want_grad,
-                                     G_out[blk], dA2_out[blk])
-
-
 @njit(cache=True, error_model="numpy")
 def _multi_block(blk, parents, tp, atoms, pk0, P, A2, eps, D, want_grad, G, dA2):
-    """One block of :func:`loss_grad_multi`: returns its loss, fills ``G (k, T, T)`` and ``dA2 (k, S, S)``.
+    """One block of the k-head engine (:func:`popgrad.engine._kernels.ranges.loss_grad_multi_range`): returns its loss, fills ``G (k, T, T)`` and ``dA2 (k, S, S)``.
 
     Depth-first odometer over positions ``D … T-1`` (``T-1`` innermost);
     state index ``d+1`` holds the state after setting ``s_d``:

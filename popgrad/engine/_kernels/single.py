@@ -11,8 +11,9 @@ Contents
 
 * exact weights live with the task (:mod:`popgrad.task._weights`);
 * exact loss and gradient: the prefix engine (the default) is in
-  :mod:`popgrad.engine._kernels.prefix`; here :func:`loss_grad_direct` (the
-  fallback) and its ``_serial`` twin, :func:`sum_slots` and the per-call helpers
+  :mod:`popgrad.engine._kernels.prefix`; here the direct engine's block
+  :func:`_direct_block` (the fallback; its range entries are in
+  :mod:`popgrad.engine._kernels.ranges`), :func:`sum_slots` and the per-call helpers
   :func:`attention`, :func:`finish_grad`, :func:`symmetrize_span`,
   :func:`span_kind`, :func:`row_range`, :func:`all_finite` (reference
   :func:`popgrad.engine.exact_loss_and_grad_numpy`). Why these engines and
@@ -63,46 +64,10 @@ def sum_slots(loss_out, G_out, dA2_out):
     return loss
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def loss_grad_direct(parents, mu, atoms, prior_w, P, A2, eps, block_size, sym, orbit, want_grad,
-                     loss_out, G_out, dA2_out):
-    """Per-sequence fused forward/backward, ``O(T² + K·T)`` work per sequence.
-
-    Block ``b`` covers sequence numbers ``b·block_size …`` (lexicographic);
-    sequences and weights are decoded on the fly (:func:`decode_sequence`,
-    :func:`sequence_weight_row`), nothing is materialized. The layer-2
-    softmax is shifted by the per-sequence maximum, so any finite ``A2``
-    is safe. Per sequence (DESIGN §3–§4)::
-
-        u_i = Σ_{j≤i} P[i,j] A2[q,s_j],  a = softmax(u),  f_c = Σ_i a_i [s_i = c]
-        loss   += -Σ_c w_c log(f_c + ε)            (terms with w_c = 0 skipped)
-        r_c     = -w_c / (f_c + ε),  r̄ = Σ_c f_c r_c,  δ_i = a_i (r_{s_i} - r̄)
-        G[i,j] += δ_i A2[q, s_j]   (j ≤ i)
-        dA2[q, s_j] += Σ_{i≥j} δ_i P[i, j]
-
-    With ``sym`` only canonical sequences (first occurrences in the order
-    ``0, 1, …``) are visited, their weights multiplied by ``orbit[m]``
-    (``m`` distinct tokens). Outputs (one slot per block, zero on entry):
-    ``loss_out (n_blocks,)``, ``G_out (n_blocks, T, T)``, ``dA2_out (n_blocks, S, S)``.
-    """
-    n_blocks = loss_out.shape[0]
-    for blk in prange(n_blocks):
-        loss_out[blk] = _direct_block(blk, parents, mu, atoms, prior_w, P, A2, eps, block_size, sym, orbit,
-                                      want_grad, G_out[blk], dA2_out[blk])
-
-
-@njit(cache=True, error_model="numpy")
-def loss_grad_direct_serial(parents, mu, atoms, prior_w, P, A2, eps, block_size, sym, orbit, want_grad,
-                            loss_out, G_out, dA2_out):
-    """:func:`loss_grad_direct` on the calling thread (same blocks, same bits)."""
-    for blk in range(loss_out.shape[0]):
-        loss_out[blk] = _direct_block(blk, parents, mu, atoms, prior_w, P, A2, eps, block_size, sym, orbit,
-                                      want_grad, G_out[blk], dA2_out[blk])
-
-
 @njit(cache=True, error_model="numpy")
 def _direct_block(blk, parents, mu, atoms, prior_w, P, A2, eps, block_size, sym, orbit, want_grad, G, dA2):
-    """One block of :func:`loss_grad_direct`; returns its loss, fills ``G``, ``dA2``."""
+    """One block of the direct engine (:func:`popgrad.engine._kernels.ranges.loss_grad_direct_range`);
+    returns its loss, fills ``G``, ``dA2``."""
     T = P.shape[0]
     S = A2.shape[0]
     n_total = S**T
@@ -203,7 +168,7 @@ def _sequence_loss_grad(s, w, P, A2, eps, want_grad, V, u, a, f, r, dl, G, dA2):
 
 @njit(cache=True, parallel=True, error_model="numpy")
 def loss_grad_rows(seqs, w, P, A2, eps, block_size, want_grad, loss_out, G_out, dA2_out):
-    """:func:`loss_grad_direct` on given sequences ``seqs (n, T)`` with weights ``w (n, S)``.
+    """The direct engine's per-sequence loss and gradient on given sequences ``seqs (n, T)`` with weights ``w (n, S)``.
 
     For Monte-Carlo estimates (:func:`popgrad.sampled_loss_and_grad`):
     block ``b`` covers rows ``b·block_size …``; one slot per block, summed in
