@@ -50,7 +50,7 @@ from ..model.reduced import first_layer_attention, predict
 from ..task.priors import FinitePrior, stationary_distribution
 from ..task.tasks import MultiParentTask, Task, decode_sequences
 from ..engine.baselines import bayes_loss, count_estimator_loss, optimal_loss
-from ..theory.information import idealized_grad_A1
+from ..theory.information import has_idealized_gradient, idealized_grad_A1
 from ..train.algorithm1 import train_two_stage
 from ..train.multihead import initial_parameters
 from . import _kernels
@@ -109,11 +109,6 @@ def _as_A2(task, A2, name: str = "A2") -> np.ndarray:
     if M.shape[-2:] != (task.S, task.S):
         raise ValueError(f"{name} must be {task.S}×{task.S} (S = {task.S}) for this task, got shape {M.shape}")
     return M
-
-
-def _has_zero_stationary(task) -> bool:
-    _, _, mu = task.prior.invariant_view() if hasattr(task.prior, "invariant_view") else (None, None, task.prior.stationary)
-    return bool(np.any(np.asarray(mu) <= 0))
 
 
 def check_graph_recovery(task: Task, A1, C: float = 1.0) -> CheckResult:
@@ -216,7 +211,7 @@ def check_gradient_alignment(
     if task.graph.non_roots.size == 0:
         return not_applicable("gradient_alignment", statement,
                               "the graph has no non-root position: the Stage-1 gradient has no parent signal")
-    if _has_zero_stationary(task):
+    if not has_idealized_gradient(task):
         return not_applicable("gradient_alignment", statement,
                               "a prior draw has a zero stationary probability (reducible, e.g. a small alpha): "
                               "the idealized gradient divides by it")

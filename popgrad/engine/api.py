@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 import warnings
 
-from ..task.tasks import MultiParentTask
+from ..task.tasks import MultiParentTask, check_task
 from . import multi as _multi
 from . import single as _single
 from . import symmetry as _symmetry
@@ -198,18 +198,14 @@ def _deprecated(old: str, new: str) -> None:
 def exact_loss_and_grad_multi(task, A1, A2, eps=None) -> LossAndGrad:
     """Deprecated alias of :func:`exact_loss_and_grad` (which serves k-parent tasks too)."""
     _deprecated("exact_loss_and_grad_multi", "exact_loss_and_grad")
-    if not isinstance(task, MultiParentTask):
-        raise ValueError(f"task must be a popgrad.MultiParentTask (multi-parent graph + tensor prior), got "
-                         f"{type(task).__name__}")
+    check_task(task, MultiParentTask)
     return exact_loss_and_grad(task, A1, A2, eps)
 
 
 def exact_loss_multi(task, A1, A2, eps=None) -> float:
     """Deprecated alias of :func:`exact_loss`."""
     _deprecated("exact_loss_multi", "exact_loss")
-    if not isinstance(task, MultiParentTask):
-        raise ValueError(f"task must be a popgrad.MultiParentTask (multi-parent graph + tensor prior), got "
-                         f"{type(task).__name__}")
+    check_task(task, MultiParentTask)
     return exact_loss(task, A1, A2, eps)
 
 

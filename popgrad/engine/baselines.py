@@ -36,8 +36,7 @@ from .._validation import ArgumentTypeError, as_eps, as_real, as_seqs, warn_inf
 from ..task import _weights
 from ..task.graphs import CausalGraph
 from ..task.multigraphs import MultiParentGraph
-from ..task.tasks import MultiParentTask
-from ._args import check_task
+from ..task.tasks import MultiParentTask, check_task
 from .api import exact_loss
 from .symmetry import weighted_sequences
 
@@ -380,9 +379,7 @@ def _deprecated(old: str, new: str) -> None:
 
 
 def _multi_only(task):
-    if not isinstance(task, MultiParentTask):
-        raise ValueError(f"task must be a popgrad.MultiParentTask (multi-parent graph + tensor prior), got "
-                         f"{type(task).__name__}")
+    check_task(task, MultiParentTask)
 
 
 def optimal_loss_multi(task, eps=0.0) -> float:

@@ -82,7 +82,7 @@ from .._validation import ArgumentTypeError
 from ..model.reduced import first_layer_attention
 from ..task.graphs import CausalGraph
 from ..task.priors import FinitePrior, relabel, stationary_distribution
-from ..task.tasks import MultiParentTask, Task
+from ..task.tasks import Task, check_task
 from ._args import options_or_default
 from ._kernels import field as fk
 from .options import DEFAULT_OPTIONS
@@ -137,14 +137,7 @@ class Stage1Field(NamedTuple):
 
 # ================================================================ validation
 def _check_task(task):
-    if isinstance(task, Task):
-        return task
-    if isinstance(task, MultiParentTask):
-        raise ValueError(
-            "the Stage-1 field is defined for single-parent graphs (one first-layer head); "
-            "got a MultiParentTask: use popgrad.Task with a CausalGraph"
-        )
-    raise ArgumentTypeError(f"task must be a popgrad.Task (graph + prior), got {type(task).__name__}")
+    return check_task(task, Task, "the Stage-1 field (defined for single-parent graphs: one first-layer head)")
 
 
 def _check_eps(task_or_teff, eps) -> float:
@@ -200,7 +193,7 @@ def field_atoms(prior):
     if isinstance(prior, FinitePrior) and prior.implicit_closure:  # the base draws, never the S! relabelings
         return np.asarray(prior.base.atoms), np.asarray(prior.base.weights)
     if isinstance(prior, FinitePrior):
-        atoms, weights = np.asarray(prior.atoms), np.asarray(prior.weights)
+        atoms, weights = (np.asarray(x) for x in prior.expand())
     elif isinstance(prior, tuple) and len(prior) == 2:
         atoms = np.asarray(prior[0], dtype=np.float64)
         weights = np.asarray(prior[1], dtype=np.float64)

@@ -41,7 +41,7 @@ from .._validation import as_int
 from ..model.reduced import _predict, first_layer_attention
 from ..task import _weights
 from ..task.priors import MAX_CLOSURE_ATOMS
-from ..task.tasks import Sample, Task
+from ..task.tasks import Sample, Task, check_task
 from ._args import options_or_default
 from .baselines import count_estimator_predict
 from .result import LossAndGrad
@@ -98,8 +98,7 @@ class SampledObjective:
     """
 
     def __init__(self, task: Task, n: int, seed: int, eps=None, project=None, options=None):
-        if not isinstance(task, Task):
-            raise ValueError(f"sampled Stage 2 needs a single-parent popgrad.Task, got {type(task).__name__}")
+        check_task(task, Task, "sampled Stage 2 (single-parent)")
         self.task = task
         self.n = as_int(n, "samples", minimum=2)
         self.seed = seed

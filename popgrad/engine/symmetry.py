@@ -16,10 +16,10 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .._validation import ArgumentTypeError, as_square
+from .._validation import as_square
 from ..task import _weights
 from ..task.priors import closed_under_relabeling
-from ..task.tasks import Task
+from ..task.tasks import Task, check_task
 from ._kernels import single as _single
 from .options import DEFAULT_OPTIONS
 
@@ -59,8 +59,7 @@ def symmetry_applies(task, A2) -> bool:
     (equal diagonal entries and equal off-diagonal entries, exactly or to
     ``SPAN_RTOL = 1e-15`` relative to ``max|A2|``). ``S ≤ MAX_SYMMETRY_S``.
     """
-    if not isinstance(task, Task):
-        raise ArgumentTypeError(f"task must be a popgrad.Task (graph + prior), got {type(task).__name__}")
+    check_task(task, Task, "the orbit reduction")
     A2 = as_square(A2, "A2")
     if A2.shape != (task.S, task.S):
         raise ValueError(f"A2 must have shape (S, S) = ({task.S}, {task.S}) for this task, got {A2.shape}")
@@ -104,12 +103,13 @@ def exactly_closed(prior) -> bool:
     hit = _CLOSED.get(key)
     if hit is not None and hit[0] is prior:
         return hit[1]
-    if getattr(prior, "implicit_closure", False):
+    if prior.implicit_closure:
         # Built by relabeling every base draw with every permutation (exact copies, equal weights,
         # stationary distributions relabeled too): closed by construction.
         closed = True
     else:
-        closed = closed_under_relabeling(prior.atoms, prior.weights, tol=0.0, weight_tol=1e-14 * float(np.max(prior.weights)),
+        atoms, weights = prior.expand()
+        closed = closed_under_relabeling(atoms, weights, tol=0.0, weight_tol=1e-14 * float(np.max(weights)),
                                          extra=prior.stationary, extra_rtol=MU_RTOL)
     _CLOSED[key] = (prior, closed)
     while len(_CLOSED) > _CLOSED_CACHE_SIZE:

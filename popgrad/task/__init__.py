@@ -6,7 +6,8 @@
   stationary distributions, the relabeling closure;
 * :mod:`.tensor_priors` -- finite priors over transition tensors (:class:`TensorPrior`);
 * :mod:`.tasks` -- :class:`Task` and :class:`MultiParentTask` (shared :class:`ExactTask`): exact sequence
-  weights, the size guard, the sequence decoder, the sampler, the task fingerprint;
+  weights, the size guard, the sequence decoder, the sampler, the task fingerprint, :func:`check_task`
+  (the one task validator);
 * :mod:`._weights` -- the numba kernels of the exact weights and the one sequence decoder.
 """
 from .graphs import CausalGraph, Tree, chain, icl_pairs, random_tree
@@ -27,6 +28,7 @@ from .tasks import (
     Sample,
     Task,
     TaskTooLargeError,
+    check_task,
     decode_sequences,
     parent_rows,
     sequence_weights_multi_numpy,
@@ -39,5 +41,5 @@ __all__ = [
     "FinitePrior", "PriorDiagnostics", "dirichlet_prior", "relabel", "relabel_closure", "stationary_distribution",
     "TensorPrior", "TensorPriorDiagnostics", "dirichlet_tensor_prior", "relabel_tensor",
     "ExactTask", "Task", "MultiParentTask", "Sample", "TaskTooLargeError", "DEFAULT_MAX_SEQUENCES",
-    "decode_sequences", "parent_rows", "sequence_weights_numpy", "sequence_weights_multi_numpy",
+    "decode_sequences", "parent_rows", "sequence_weights_numpy", "sequence_weights_multi_numpy", "check_task",
 ]

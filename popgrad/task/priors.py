@@ -277,20 +277,30 @@ class FinitePrior:
             mu.setflags(write=False)
             self._atoms, self._weights, self._mu = atoms, weights, mu
 
+    def expand(self):
+        """``(atoms, weights)``: every atom, ``(K, S, S)`` and ``(K,)`` float64, read-only.
+
+        For an implicit relabeling closure (:meth:`relabeling_closure`) this
+        *builds* the ``K_base · S!`` relabeled atoms on the first call (S = 8,
+        one base draw: 40,320 atoms) and keeps them; it raises ``ValueError``,
+        naming the size, past :data:`MAX_CLOSURE_ATOMS`. For any other prior
+        it returns the stored arrays. A quantity invariant under relabeling
+        needs no expansion: use :meth:`invariant_view`.
+        """
+        if self._base is not None:
+            self._expand()
+        return self._atoms, self._weights
+
     # ------------------------------------------------------------ properties
     @property
     def atoms(self) -> np.ndarray:
-        """Read-only ``(K, S, S)`` float64 transition matrices (built on first use for an implicit closure)."""
-        if self._base is not None:
-            self._expand()
-        return self._atoms
+        """Read-only ``(K, S, S)`` float64 transition matrices: ``expand()[0]`` (expands an implicit closure)."""
+        return self.expand()[0]
 
     @property
     def weights(self) -> np.ndarray:
-        """Read-only ``(K,)`` float64 prior weights (sum to one)."""
-        if self._base is not None:
-            self._expand()
-        return self._weights
+        """Read-only ``(K,)`` float64 prior weights (sum to one): ``expand()[1]`` (expands an implicit closure)."""
+        return self.expand()[1]
 
     @property
     def K(self) -> int:

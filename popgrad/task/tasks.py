@@ -27,8 +27,7 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from .._validation import as_int
-
+from .._validation import ArgumentTypeError, as_int
 from . import _weights
 from .graphs import CausalGraph
 from .multigraphs import MultiParentGraph
@@ -37,7 +36,7 @@ from .tensor_priors import TensorPrior
 
 __all__ = [
     "ExactTask", "Task", "MultiParentTask", "Sample", "TaskTooLargeError", "DEFAULT_MAX_SEQUENCES",
-    "sequence_weights_numpy", "sequence_weights_multi_numpy", "parent_rows", "decode_sequences",
+    "sequence_weights_numpy", "sequence_weights_multi_numpy", "parent_rows", "decode_sequences", "check_task",
 ]
 
 #: Default limit on ``S**T`` for exact enumeration (about 3 s per exact
@@ -258,11 +257,12 @@ class Task(ExactTask):
         atoms : float64 (K, S, S)
         prior_w : float64 (K,)
         """
+        atoms, weights = self._prior.expand()  # the enumeration needs every atom
         return (
             np.ascontiguousarray(self._graph.parents, dtype=np.int64),
             np.ascontiguousarray(self._prior.stationary, dtype=np.float64),
-            np.ascontiguousarray(self._prior.atoms, dtype=np.float64),
-            np.ascontiguousarray(self._prior.weights, dtype=np.float64),
+            np.ascontiguousarray(atoms, dtype=np.float64),
+            np.ascontiguousarray(weights, dtype=np.float64),
         )
 
     def _fill_chunk(self, start, arrays, seqs, w) -> None:
@@ -284,16 +284,17 @@ class Task(ExactTask):
         parents = self._graph.parents
         if prior.implicit_closure and prior.K > MAX_CLOSURE_ATOMS:
             return self._sample_relabeled(n, rng)
-        k = rng.choice(prior.K, size=n, p=prior.weights)
+        atoms, weights = prior.expand()
+        k = rng.choice(prior.K, size=n, p=weights)
         seqs = np.empty((n, T), dtype=np.int64)
         mu_cdf = np.cumsum(prior.stationary, axis=1)
-        pi_cdf = np.cumsum(prior.atoms, axis=2)
+        pi_cdf = np.cumsum(atoms, axis=2)
         for i in range(T - 1):
             u = rng.random(n)[:, None]
             cdf = mu_cdf[k] if parents[i] < 0 else pi_cdf[k, seqs[:, parents[i]]]
             seqs[:, i] = np.minimum((u >= cdf).sum(axis=1), S - 1)
         seqs[:, T - 1] = rng.integers(0, S, size=n)
-        targets = prior.atoms[k, seqs[:, T - 1]]
+        targets = atoms[k, seqs[:, T - 1]]
         return Sample(seqs, targets, k.astype(np.int64))
 
     def _sample_relabeled(self, n, rng) -> Sample:
@@ -510,3 +511,33 @@ class MultiParentTask(ExactTask):
             f"MultiParentTask S={self.S} T={self.T} k={self.k} sequences S**T={self.n_sequences:,} "
             f"(limit {self._max_sequences:,})\n{self._graph.summary()}\n{self._prior.summary()}"
         )
+
+
+# ------------------------------------------------------------ the task validator
+_TASK_KINDS = {
+    ExactTask: "popgrad.Task or popgrad.MultiParentTask (graph + prior)",
+    Task: "popgrad.Task (graph + prior)",
+    MultiParentTask: "popgrad.MultiParentTask (multi-parent graph + tensor prior)",
+}
+
+
+def check_task(task, kind=ExactTask, purpose=None):
+    """``task`` if it is a ``kind`` (:class:`ExactTask`: either kind; :class:`Task`; :class:`MultiParentTask`).
+
+    The one task validator of every public function: anything else raises
+    :class:`popgrad._validation.ArgumentTypeError` (a ``TypeError``, and a
+    ``ValueError`` for popgrad 0.1 callers) naming the kind wanted and the type given,
+    e.g. ``"task must be a popgrad.Task (graph + prior) for the Stage-1 field, got MultiParentTask"``.
+
+    Parameters
+    ----------
+    task : object
+    kind : type, default ExactTask
+        :class:`ExactTask`, :class:`Task` or :class:`MultiParentTask`.
+    purpose : str, optional
+        What needs that kind (appended to the message as ``"for <purpose>"``).
+    """
+    if isinstance(task, kind):
+        return task
+    why = f" for {purpose}" if purpose else ""
+    raise ArgumentTypeError(f"task must be a {_TASK_KINDS[kind]}{why}, got {type(task).__name__}")

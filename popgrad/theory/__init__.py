@@ -16,6 +16,7 @@ from .information import (
     ChainInformation,
     assumptions,
     chain_information,
+    has_idealized_gradient,
     idealized_grad_A1,
     idealized_gradient,
     idealized_gradient_single,
@@ -24,7 +25,7 @@ from .information import (
 
 __all__ = [
     "DpiReport", "bound_readings", "dpi_report", "dpi_report_pi", "Assumptions", "ChainInformation",
-    "assumptions", "chain_information", "idealized_grad_A1", "idealized_gradient", "idealized_gradient_single",
+    "assumptions", "chain_information", "has_idealized_gradient", "idealized_grad_A1", "idealized_gradient", "idealized_gradient_single",
     "pairwise_joint",
 ]
 

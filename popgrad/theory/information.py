@@ -102,7 +102,7 @@ from .._validation import is_int
 from ..model.reduced import first_layer_attention
 from ..task.graphs import CausalGraph
 from ..task.priors import FinitePrior, ROW_SUM_TOL, stationary_distribution
-from ..task.tasks import Task
+from ..task.tasks import Task, check_task
 
 __all__ = [
     "ChainInformation",
@@ -121,6 +121,7 @@ __all__ = [
     "idealized_grad_A1",
     "query_row_first_order",
     "assumptions",
+    "has_idealized_gradient",
 ]
 
 #: Smallest stationary probability accepted: the formulas divide by ``μ(b)``.
@@ -278,11 +279,25 @@ def _as_mu(mu, pi, name="pi") -> np.ndarray:
     return mu
 
 
-def _check_task(task) -> Task:
+def has_idealized_gradient(task) -> bool:
+    """Whether the idealized gradient ``g`` (DESIGN §5) exists for ``task``: the one predicate.
+
+    ``g`` divides by the stationary probabilities, so it exists for a
+    single-parent :class:`popgrad.Task` whose every prior draw has
+    ``μ > MU_MIN`` everywhere (irreducible; a Dirichlet draw with a small
+    ``alpha`` can be reducible). A k-parent task has no idealized gradient
+    here. Reads the base draws of an implicit relabeling closure (``μ`` is
+    relabeling-equivariant): never expands the prior.
+    """
     if not isinstance(task, Task):
-        raise ValueError(f"task must be a popgrad.Task (graph + prior), got {type(task).__name__}")
-    mu = task.prior.invariant_view()[2]
-    if not mu.min() > MU_MIN:
+        return False
+    return bool(task.prior.invariant_view()[2].min() > MU_MIN)
+
+
+def _check_task(task) -> Task:
+    check_task(task, Task)
+    if not has_idealized_gradient(task):
+        mu = task.prior.invariant_view()[2]
         k, a = (int(x) for x in np.argwhere(mu <= MU_MIN)[0])
         raise ValueError(
             f"prior atom {k} has stationary probability mu[{a}] = {mu[k, a]:.3g}: the idealized gradient "

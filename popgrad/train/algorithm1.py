@@ -28,8 +28,8 @@ import numpy as np
 from ..engine.api import exact_loss, exact_loss_and_grad
 from ..engine.field import field_grad_A1, stage1_field
 from ..engine.sampled import SampledObjective, default_samples
-from ..task.tasks import Task, TaskTooLargeError
-from ..theory.information import idealized_grad_A1
+from ..task.tasks import Task, TaskTooLargeError, check_task
+from ..theory.information import has_idealized_gradient, idealized_grad_A1
 from .config import TrainConfig
 from .loop import StepValues, run_schedule, start_state
 from .trajectory import Trajectory, attention_to_parent
@@ -159,8 +159,7 @@ def train_two_stage(
     -------
     Trajectory
     """
-    if not isinstance(task, Task):
-        raise ValueError(f"task must be a popgrad.Task, got {type(task).__name__}")
+    check_task(task, Task, "train_two_stage (train_multi_head trains k-parent tasks)")
     enumerable = task.enumerable
     if stage2 == "auto":
         stage2 = "exact" if enumerable or steps2 == 0 else "sampled"
@@ -197,7 +196,7 @@ def train_two_stage(
         return saa["obj"]
 
     # The idealized gradient divides by the stationary probabilities: without it, no cosine is recorded.
-    has_ideal = idealized_available(task)
+    has_ideal = has_idealized_gradient(task)
     if cfg.gradient == "idealized" and not has_ideal:
         raise ValueError("gradient='idealized' needs every prior draw to have stationary probabilities > 0 "
                          "(a reducible draw, e.g. from a small alpha, has zeros): use gradient='exact' or 'field'")
@@ -255,11 +254,8 @@ def train_two_stage(
     return traj
 
 
-def idealized_available(task) -> bool:
-    """Whether the idealized gradient exists for ``task``'s prior (every stationary probability > 0)."""
-    prior = task.prior
-    mu = prior.invariant_view()[2] if hasattr(prior, "invariant_view") else prior.stationary
-    return bool(np.all(np.asarray(mu) > 0))
+#: The old name of :func:`popgrad.theory.information.has_idealized_gradient` (the one predicate).
+idealized_available = has_idealized_gradient
 
 
 

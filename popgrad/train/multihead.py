@@ -52,7 +52,7 @@ import numpy as np
 
 from ..engine.api import exact_loss_and_grad
 from ..model.multihead import head_attention
-from ..task.tasks import MultiParentTask
+from ..task.tasks import MultiParentTask, check_task
 from .config import MultiHeadTrainConfig
 from .loop import StepValues, run_schedule, start_state
 from .trajectory import Trajectory
@@ -153,8 +153,7 @@ def train_multi_head(
         ``A1 (n, k, T, T)``, ``A2 (n, k, S, S)``, ``attn_parent (n, k, T)``,
         ``cosine`` NaN; ``config`` is a :class:`MultiHeadTrainConfig`.
     """
-    if not isinstance(task, MultiParentTask):
-        raise ValueError(f"task must be a popgrad.MultiParentTask, got {type(task).__name__}")
+    check_task(task, MultiParentTask, "train_multi_head (train_two_stage trains single-parent tasks)")
     cfg = MultiHeadTrainConfig(
         beta0=beta0, lr1=lr1, steps1=steps1, lr2=lr2, steps2=steps2, gradient="exact", schedule=schedule,
         record_every=record_every, eps=eps, divergence_patience=divergence_patience,
