@@ -1,0 +1,92 @@
+"""Layers in one direction (issue 19): subpackages import each other at most one way, and theory/ imports no engine.
+
+The import graph is read from the source (every ``import`` statement, function-level ones included), so a
+lazy import counts too. The root package (``popgrad/__init__.py``, the facade that re-exports every layer)
+is not a layer; the private top-level modules (``_validation``, ``_io``, ``_compat``, ...) are leaves.
+"""
+import ast
+import pathlib
+import warnings
+
+import pytest
+
+import popgrad as pg
+
+ROOT = pathlib.Path(pg.__file__).parent
+#: The data flow, upstream first (README, DESIGN §11): a layer may import only layers before it.
+ORDER = ("task", "model", "theory", "engine", "train", "checks", "app")
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "popgrad"
+
+
+def import_graph() -> dict:
+    """``{layer: {imported layer: [(module, imported module), ...]}}`` between different layers."""
+    graph: dict = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT.parent).with_suffix("")
+        module = ".".join(rel.parts)
+        package = module[: -len(".__init__")] if module.endswith(".__init__") else module.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                targets = [target] if node.module else [f"{target}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for t in targets:
+                if t == "popgrad" or t.startswith("popgrad."):
+                    a, b = _layer(module.replace(".__init__", "")), _layer(t)
+                    if a != b:
+                        graph.setdefault(a, {}).setdefault(b, []).append((module, t))
+    return graph
+
+
+def test_the_graph_sees_the_known_edges():
+    """The parser finds imports that certainly exist (so the checks below cannot pass on an empty graph)."""
+    g = import_graph()
+    assert "task" in g["engine"] and "engine" in g["train"] and "theory" in g["checks"] and "engine" in g["app"]
+    assert "app" in g["popgrad"]  # the facade's lazy ``from .app.sweep import sweep`` counts
+
+
+def test_no_two_subpackages_import_each_other():
+    g = import_graph()
+    both = sorted({tuple(sorted((a, b))) for a in g for b in g[a] if a in g.get(b, {}) and "popgrad" not in (a, b)})
+    assert both == [], {pair: (g[pair[0]][pair[1]][:2], g[pair[1]][pair[0]][:2]) for pair in both}
+
+
+@pytest.mark.parametrize("layer", ORDER)
+def test_layers_import_only_upstream(layer):
+    """The data flow has one direction: ``task → model → theory → engine → train → checks → app``."""
+    g = import_graph()
+    later = set(ORDER[ORDER.index(layer) + 1:])
+    bad = {b: edges[:3] for b, edges in g.get(layer, {}).items() if b in later}
+    assert not bad, f"{layer} imports downstream layers: {bad}"
+
+
+def test_theory_imports_no_engine():
+    assert "engine" not in import_graph().get("theory", {})
+
+
+def test_moved_reference_losses_keep_their_old_paths_with_a_warning():
+    """``popgrad.theory.bayes_loss`` and ``popgrad.theory.baselines.*`` forward to ``popgrad.engine.baselines``."""
+    import popgrad.theory as theory
+    from popgrad.engine import baselines
+
+    with pytest.warns(DeprecationWarning, match=r"popgrad\.engine\.baselines\.bayes_loss"):
+        assert theory.bayes_loss is pg.bayes_loss is baselines.bayes_loss
+    with pytest.warns(DeprecationWarning, match="popgrad.theory.baselines.construction_params is deprecated"):
+        from popgrad.theory.baselines import construction_params
+    assert construction_params is baselines.construction_params
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert pg.optimal_loss is baselines.optimal_loss  # the public name: no warning
+        with pytest.raises(AttributeError):
+            theory.not_a_name  # noqa: B018
