@@ -2,6 +2,8 @@
 
 * :mod:`.api` -- the front end: ``exact_loss_and_grad``, ``exact_loss``, ``sampled_loss_and_grad``,
   ``clear_caches``; validates once and dispatches on the task kind;
+* :mod:`.blocks` -- the block-runner interface every engine implements (``blocks``, ``block_work``,
+  ``run_blocks``, ``finish_blocks``; :class:`BlockJob`, :class:`Partials`);
 * :mod:`.single` -- single-parent engines (prefix, direct), plans and the weight cache;
 * :mod:`.multi` -- the k-head engine;
 * :mod:`.baselines` -- reference losses that enumerate: L*, Bayes, count estimator, construction
@@ -13,6 +15,7 @@
 * :mod:`.field` -- the Stage-1 field (DESIGN §12): ``stage1_field`` by enumeration or count generating
   functions, no ``S**T``;
 * :mod:`.options` -- :class:`EngineOptions`, the engines' tunables in one object;
+* :mod:`._args` -- validation of the engines' arguments (``validate``, ``options_or_default``);
 * :mod:`.result` -- :class:`LossAndGrad` and the one softmax-Jacobian finish;
 * :mod:`._kernels` -- numba kernels only.
 """

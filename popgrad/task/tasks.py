@@ -336,7 +336,6 @@ class Task(ExactTask):
         )
 
 
-
 def _perm_rank(perms) -> np.ndarray:
     """Lexicographic rank of each row of ``perms`` (``(n, S)`` permutations) among all ``S!`` (Lehmer code)."""
     perms = np.asarray(perms)

@@ -37,45 +37,11 @@ from .trajectory import Trajectory, attention_to_parent
 __all__ = ["train_two_stage", "idealized_available"]
 
 
-
-
-
-
-
-
-
-
-
-
 def _cos(a, b) -> float:
     na, nb = np.linalg.norm(a), np.linalg.norm(b)
     if na == 0 or nb == 0:
         return float("nan")
     return float(np.sum(a * b) / (na * nb))
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def train_two_stage(
@@ -256,15 +222,3 @@ def train_two_stage(
 
 #: The old name of :func:`popgrad.theory.information.has_idealized_gradient` (the one predicate).
 idealized_available = has_idealized_gradient
-
-
-
-
-
-
-
-
-
-
-
-

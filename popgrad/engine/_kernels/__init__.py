@@ -2,6 +2,9 @@
 
 * :mod:`.numeric` -- ``fast_log`` and the bit-pattern intrinsics;
 * :mod:`.prefix` -- the prefix engine (the default single-parent engine);
-* :mod:`.single` -- the direct engine, the rows kernels and the per-call helpers;
-* :mod:`.multi` -- the k-head engine.
+* :mod:`.single` -- the direct engine's block, the rows kernels and the per-call helpers;
+* :mod:`.multi` -- the k-head engine's block;
+* :mod:`.ranges` -- the entries that run a range of the direct or k-head engine's blocks (``run_blocks``);
+* :mod:`.field` -- the Stage-1 field (enumeration and count generating functions);
+* :mod:`.cache` -- whether numba's on-disk cache already holds these kernels.
 """

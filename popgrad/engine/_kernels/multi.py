@@ -54,7 +54,6 @@ from numba import njit
 from .single import sum_slots  # noqa: F401  (re-exported for the callers)
 
 
-
 # ======================================================== loss and gradient
 @njit(cache=True, error_model="numpy")
 def _multi_block(blk, parents, tp, atoms, pk0, P, A2, eps, D, want_grad, G, dA2):

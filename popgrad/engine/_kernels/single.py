@@ -47,7 +47,6 @@ from numba import njit, prange
 from ...task._weights import decode_sequence, sequence_weight_row
 
 
-
 @njit(cache=True)
 def sum_slots(loss_out, G_out, dA2_out):
     """Sum the per-block slots in block order into slot 0; return the total loss.
