@@ -132,7 +132,7 @@ def _dispatch(task, A1, A2, eps, want_grad, symmetry, engine, options, client=No
     else:
         runner, job = _single, _single.blocks(task, A1, A2, eps, want_grad, engine, symmetry, opts)
     if client is None:
-        partials = runner.run_blocks(task, job, 0, job.n_blocks)
+        partials = runner.run_blocks(task, job)
     else:  # the same blocks over the client's workers
         partials = _distributed.run_blocks(client, task, job, runner.block_work(task, job), runner.run_blocks)
     return runner.finish_blocks(job, partials)

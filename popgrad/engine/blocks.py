@@ -9,17 +9,18 @@ depend on which thread or process ran which block. An engine module
 
 ``blocks(task, A1, A2, eps, want_grad, ...) -> BlockJob``
     Every decision of the call (engine, orbit reduction, layer-1 attention
-    ``P``, the ``A2`` it runs on) and the number of blocks.
+    ``P``, the ``A2`` it runs on).
 ``block_work(task, job) -> ndarray (n_blocks,) int64``
-    Relative cost of each block (for splitting a range into chunks).
-``run_blocks(task, job, lo, hi) -> Partials``
-    The slots of blocks ``lo … hi-1``: bit for bit the slots a whole-range
-    run writes for them.
+    Relative cost of each block (for splitting a range into chunks); its
+    length is the number of blocks.
+``run_blocks(task, job, lo=0, hi=None) -> Partials``
+    The slots of blocks ``lo … hi-1`` (``hi=None``: to the last): bit for
+    bit the slots a whole-range run writes for them.
 ``finish_blocks(job, partials) -> LossAndGrad``
     Adds the slots of all blocks in block order and applies the layer-1
     softmax Jacobian once.
 
-A local call is ``finish_blocks(job, run_blocks(task, job, 0, job.n_blocks))``;
+A local call is ``finish_blocks(job, run_blocks(task, job))``;
 :mod:`popgrad.engine.distributed` runs contiguous ranges on workers,
 concatenates their :class:`Partials` in block order (:func:`concat_partials`)
 and calls the same ``finish_blocks``.
@@ -48,7 +49,7 @@ class BlockJob(NamedTuple):
     eps : float
     want_grad : bool
     opts : EngineOptions
-    n_blocks : int
+        With ``S`` and ``T`` these fix the blocks (``len(block_work(task, job))`` of them).
     """
 
     engine: str
@@ -58,7 +59,6 @@ class BlockJob(NamedTuple):
     eps: float
     want_grad: bool
     opts: object
-    n_blocks: int
 
 
 class Partials(NamedTuple):

@@ -76,7 +76,7 @@ def run_blocks(client, task, job, work, run) -> Partials:
     Returns
     -------
     Partials
-        In block order, bit for bit ``run(task, job, 0, job.n_blocks)``.
+        In block order, bit for bit ``run(task, job)`` (all ``len(work)`` blocks).
     """
     check_client(client)
     return _run(client, task, job, work, run)

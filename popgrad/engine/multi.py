@@ -74,37 +74,41 @@ _n_fixed = n_fixed  # the old private name (tests, benchmarks)
 def loss_grad(task, A1, A2, eps, want_grad, opts) -> LossAndGrad:
     """Run the k-head numba engine on validated input (``A1 (k,T,T)``, ``A2 (k,S,S)``): all blocks, here."""
     job = blocks(task, A1, A2, eps, want_grad, opts)
-    return finish_blocks(job, run_blocks(task, job, 0, job.n_blocks))
+    return finish_blocks(job, run_blocks(task, job))
 
 
 # ------------------------------------------------------------ the block runner (engine/blocks.py)
 def blocks(task, A1, A2, eps, want_grad, opts) -> BlockJob:
-    """The call's layer-1 attention ``P^h`` and blocks (``S**n_fixed`` of them), on validated input."""
+    """The call's layer-1 attention ``P^h`` (the blocks: ``S**n_fixed`` of them), on validated input."""
     task.check_size()
     P = np.ascontiguousarray(head_attention(A1))
     A2 = np.ascontiguousarray(A2, dtype=np.float64)
-    return BlockJob("multi", False, P, A2, float(eps), bool(want_grad), opts,
-                    task.S ** n_fixed(task.S, task.T, opts))
+    return BlockJob._make(("multi", False, P, A2, float(eps), bool(want_grad), opts))
 
 
 def block_work(task, job) -> np.ndarray:
     """Relative cost of each block, ``(n_blocks,)`` int64: all equal."""
-    return np.ones(job.n_blocks, dtype=np.int64)
+    return np.ones(task.S ** n_fixed(task.S, task.T, job.opts), dtype=np.int64)
 
 
-def run_blocks(task, job, lo, hi) -> Partials:
-    """The per-block slots of blocks ``lo … hi-1`` of ``job`` (bit for bit those of a whole-range run)."""
+def run_blocks(task, job, lo=0, hi=None) -> Partials:
+    """The per-block slots of blocks ``lo … hi-1`` of ``job`` (bit for bit those of a whole-range run).
+
+    ``hi=None``: to the last block (``run_blocks(task, job)`` runs them all).
+    """
     S, T, k = task.S, task.T, task.k
     parents, tp, atoms, pk0 = task.kernel_arrays()
+    D = n_fixed(S, T, job.opts)
+    n_blocks = S**D
+    hi = n_blocks if hi is None else hi
     n = hi - lo
     loss_s = np.zeros(n)
     G_s = np.zeros((n, k, T, T) if job.want_grad else (n, k, 1, 1))
     dA2_s = np.zeros((n, k, S, S) if job.want_grad else (n, k, 1, 1))
-    parallel = job.n_blocks > 1 and n > 1 and task.n_sequences >= job.opts.parallel_min_sequences
+    parallel = n_blocks > 1 and n > 1 and task.n_sequences >= job.opts.parallel_min_sequences
     kernel = _kr.loss_grad_multi_range if parallel else _kr.loss_grad_multi_range_serial
-    kernel(lo, parents, tp, atoms, pk0, job.P, job.A2, job.eps, n_fixed(S, T, job.opts), job.want_grad,
-           loss_s, G_s, dA2_s)
-    return Partials(loss_s, G_s, dA2_s)
+    kernel(lo, parents, tp, atoms, pk0, job.P, job.A2, job.eps, D, job.want_grad, loss_s, G_s, dA2_s)
+    return Partials._make((loss_s, G_s, dA2_s))
 
 
 def finish_blocks(job, partials) -> LossAndGrad:

@@ -108,7 +108,7 @@ from .result import LossAndGrad
 from .symmetry import SYMMETRY_MODES, canonical_count, canonical_sequences, orbit_sizes, symmetry_check
 
 __all__ = ["loss_grad", "blocks", "block_work", "run_blocks", "finish_blocks", "decide", "direct_blocks",
-           "finish_slots", "rows_loss_and_grad", "rows_losses", "cache_stats", "clear_plans"]
+           "rows_loss_and_grad", "rows_losses", "cache_stats", "clear_plans"]
 
 
 class _Plan(NamedTuple):
@@ -143,6 +143,8 @@ _PLANS = OrderedDict()
 _PLAN_CACHE_SIZE = 16
 _LOCK = threading.Lock()  # the plan and weight caches (threads of one process may share them)
 _STATS = {"plan_builds": 0, "weight_builds": 0}
+_new_job = BlockJob._make  # the fast NamedTuple constructors (the training loop calls the engine often)
+_new_partials = Partials._make
 
 
 def loss_grad(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> LossAndGrad:
@@ -153,62 +155,62 @@ def loss_grad(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> LossAndGr
     Kept lean: the training loop calls it thousands of times on small tasks.
     """
     job = blocks(task, A1, A2, eps, want_grad, engine, symmetry, opts)
-    return finish_blocks(job, run_blocks(task, job, 0, job.n_blocks))
+    return finish_blocks(job, run_blocks(task, job))
 
 
 # ------------------------------------------------------------ the block runner (engine/blocks.py)
 def blocks(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> BlockJob:
-    """The call's decisions (:func:`decide`) and its number of blocks, on validated input."""
+    """The call's decisions (:func:`decide`), on validated input."""
     task.check_size()
     sym, A2, P, engine = decide(task, A1, A2, symmetry, engine, opts)
-    if engine == "prefix":
-        n_blocks = _prefix_plan(task, sym, opts).prefixes.shape[0]
-    else:
-        n_blocks = direct_blocks(task.S, task.T, opts)[1]
-    return BlockJob(engine, sym, P, A2, float(eps), bool(want_grad), opts, n_blocks)
+    return _new_job((engine, sym, P, A2, float(eps), bool(want_grad), opts))
 
 
 def block_work(task, job) -> np.ndarray:
     """Relative cost of each block, ``(n_blocks,)`` int64: batch nodes (prefix engine) or 1 (direct)."""
     if job.engine == "prefix":
         return _prefix_plan(task, job.sym, job.opts).work
-    return np.ones(job.n_blocks, dtype=np.int64)
+    return np.ones(direct_blocks(task.S, task.T, job.opts)[1], dtype=np.int64)
 
 
-def run_blocks(task, job, lo, hi) -> Partials:
+def run_blocks(task, job, lo=0, hi=None) -> Partials:
     """The per-block slots of blocks ``lo … hi-1`` of ``job`` (bit for bit those of a whole-range run).
+
+    ``hi=None``: to the last block (``run_blocks(task, job)`` runs them all).
 
     The prefix engine keeps, per plan, the leaf weights of each range it ran (``(lo, hi) → W``, within
     the options' byte limits), so a training loop, or a worker that runs the same chunk every call,
     computes them once.
     """
     S, T = task.S, task.T
-    n = hi - lo
     opts = job.opts
     if job.engine == "prefix":
         plan = _prefix_plan(task, job.sym, opts)
+        n_blocks = plan.prefixes.shape[0]
+        hi = n_blocks if hi is None else hi
+        n = hi - lo
         X = np.empty((T, S, S, T))
         Xg = np.empty((S, plan.dig.shape[0] + 1, plan.n_groups))
         _kp.exp_tables(job.P, job.A2, plan.dig, X, Xg)
-        if lo == 0 and hi == plan.prefixes.shape[0]:
+        if lo == 0 and hi == n_blocks:
             prefixes, order, bstart, n_batch = plan.prefixes, plan.order, plan.bstart, plan.n_batch
         else:
             first = int(plan.bstart[lo])
-            n_batch = (int(plan.bstart[hi]) if hi < plan.prefixes.shape[0] else plan.n_batch) - first
+            n_batch = (int(plan.bstart[hi]) if hi < n_blocks else plan.n_batch) - first
             prefixes = np.ascontiguousarray(plan.prefixes[lo:hi])
             bstart = np.ascontiguousarray(plan.bstart[lo:hi] - first)
             order = np.ascontiguousarray(plan.order[(plan.order >= lo) & (plan.order < hi)] - lo)  # balanced order
         loss_s, G_s, dA2_s = _slots(n, T, S)
         nbytes = n_batch * S * S * plan.n_groups * 8
-        with _LOCK:
-            Wc = plan.wcache.get((lo, hi))
-            if Wc is not None:
-                wmode = 2
-            elif nbytes <= opts.weight_cache_bytes:
+        Wc = plan.wcache.get((lo, hi))  # atomic; filling and evicting take the lock
+        if Wc is not None:
+            wmode = 2
+        elif nbytes <= opts.weight_cache_bytes:
+            with _LOCK:
                 _make_room(opts, nbytes)
-                Wc, wmode = np.empty((n_batch, S * S, plan.n_groups)), 1
-            else:
-                Wc, wmode = _NO_CACHE, 0
+            Wc, wmode = np.empty((n_batch, S * S, plan.n_groups)), 1
+        else:
+            Wc, wmode = _NO_CACHE, 0
         kernel = _kp.loss_grad_prefix if plan.parallel and n > 1 else _kp.loss_grad_prefix_serial
         kernel(plan.parents, plan.fac, plan.pk0, plan.wtab, plan.Q, plan.ctx_pos, X, Xg, plan.mask, plan.dig,
                plan.ofac, job.P, job.A2, job.eps, prefixes, order, job.sym, Wc, bstart, wmode, job.want_grad,
@@ -219,9 +221,11 @@ def run_blocks(task, job, lo, hi) -> Partials:
                 _STATS["weight_builds"] += 1
     elif job.engine == "direct":
         parents, mu, atoms, prior_w = task.kernel_arrays()
-        block_size = direct_blocks(S, T, opts)[0]
+        block_size, n_blocks = direct_blocks(S, T, opts)
+        hi = n_blocks if hi is None else hi
+        n = hi - lo
         loss_s, G_s, dA2_s = _slots(n, T, S)
-        parallel = _parallel(job.n_blocks, S**T, opts) and n > 1
+        parallel = _parallel(n_blocks, S**T, opts) and n > 1
         kernel = _kr.loss_grad_direct_range if parallel else _kr.loss_grad_direct_range_serial
         kernel(lo, parents, mu, atoms, prior_w, job.P, job.A2, job.eps, block_size, job.sym, orbit_sizes(S),
                job.want_grad, loss_s, G_s, dA2_s)
@@ -229,18 +233,40 @@ def run_blocks(task, job, lo, hi) -> Partials:
         raise ValueError(f"engine must be 'prefix' or 'direct', got {job.engine!r}")
     if not job.want_grad:  # a loss-only job ships no gradient slots
         return Partials(loss_s, np.zeros((n, 1, 1)), np.zeros((n, 1, 1)))
-    return Partials(loss_s, G_s, dA2_s)
+    return _new_partials((loss_s, G_s, dA2_s))
 
 
 def finish_blocks(job, partials) -> LossAndGrad:
-    """All blocks' :class:`Partials`, in block order: summed, then :func:`finish_slots`."""
-    return finish_slots(partials.loss, partials.G, partials.dA2, job.P, job.sym, job.want_grad)
+    """All blocks' :class:`Partials`, in block order: sum the slots in block order, apply the layer-1
+    softmax Jacobian and, with the orbit reduction, symmetrize ``dA2`` (an infinite loss: a warning and
+    NaN gradients)."""
+    loss_s, G_s, dA2_s = partials
+    P = job.P
+    loss = float(_k.sum_slots(loss_s, G_s, dA2_s))  # in block order; totals land in slot 0
+    if not job.want_grad:
+        if math.isinf(loss):
+            warn_inf("exact_loss")
+        return LossAndGrad(loss, None, None)
+    S = dA2_s.shape[1]
+    T = P.shape[0]
+    dA1 = np.empty((T, T))
+    _k.finish_grad(G_s[0], P, dA1)
+    if job.sym:
+        dA2 = np.empty((S, S))
+        _k.symmetrize_span(dA2_s[0], dA2)
+    else:
+        dA2 = dA2_s[0].copy()
+    if math.isinf(loss):
+        warn_inf("exact_loss_and_grad")
+        dA1[:] = np.nan
+        dA2[:] = np.nan
+    return LossAndGrad(loss, dA1, dA2)
 
 
 def cache_stats() -> dict:
     """Counters of this process's prefix caches: plans and leaf weights built and held, bytes held."""
     with _LOCK:
-        held = [W for p in _PLANS.values() for W in p.wcache.values()]
+        held = [W for p in list(_PLANS.values()) for W in list(p.wcache.values())]
         return dict(_STATS, plans_held=len(_PLANS), weight_caches_held=len(held),
                     weight_bytes=int(sum(W.nbytes for W in held)))
 
@@ -279,41 +305,18 @@ def direct_blocks(S, T, opts):
     return block_size, -(-n_total // block_size)
 
 
-def finish_slots(loss_s, G_s, dA2_s, P, sym, want_grad) -> LossAndGrad:
-    """Sum the per-block slots in block order, apply the layer-1 softmax Jacobian and, with the orbit
-    reduction, symmetrize ``dA2`` (an infinite loss: a warning and NaN gradients)."""
-    S = dA2_s.shape[1]
-    T = P.shape[0]
-    loss = float(_k.sum_slots(loss_s, G_s, dA2_s))  # in block order; totals land in slot 0
-    if not want_grad:
-        if math.isinf(loss):
-            warn_inf("exact_loss")
-        return LossAndGrad(loss, None, None)
-    dA1 = np.empty((T, T))
-    _k.finish_grad(G_s[0], P, dA1)
-    if sym:
-        dA2 = np.empty((S, S))
-        _k.symmetrize_span(dA2_s[0], dA2)
-    else:
-        dA2 = dA2_s[0].copy()
-    if math.isinf(loss):
-        warn_inf("exact_loss_and_grad")
-        dA1[:] = np.nan
-        dA2[:] = np.nan
-    return LossAndGrad(loss, dA1, dA2)
-
-
 def _make_room(opts, nbytes):
     """Drop cached leaf weights, least recently used plan first, until ``nbytes`` more fit in the budget.
 
     Called with ``_LOCK`` held.
     """
-    held = [(p, key) for p in _PLANS.values() for key in p.wcache]  # oldest plan first
+    held = [(p, key) for p in list(_PLANS.values()) for key in list(p.wcache)]  # oldest plan first
     total = sum(p.wcache[key].nbytes for p, key in held)
     for p, key in held:
         if total + nbytes <= opts.weight_cache_total:
             break
-        total -= p.wcache.pop(key).nbytes
+        W = p.wcache.pop(key, None)
+        total -= 0 if W is None else W.nbytes
 
 
 def _parallel(n_blocks, n_sequences, opts) -> bool:
@@ -324,11 +327,13 @@ def _parallel(n_blocks, n_sequences, opts) -> bool:
 # ------------------------------------------------------------ prefix engine plan
 def _prefix_plan(task, sym, opts) -> _Plan:
     key = (task.fingerprint, bool(sym), opts.plan_key())
-    with _LOCK:
-        plan = _PLANS.get(key)
-        if plan is not None:
+    plan = _PLANS.get(key)  # a hit takes no lock (the training loop's path): get and move_to_end are atomic
+    if plan is not None:
+        try:
             _PLANS.move_to_end(key)
-            return plan
+        except KeyError:  # evicted by another thread meanwhile: the plan is still valid
+            pass
+        return plan
     plan = _build_prefix_plan(task, sym, opts)
     with _LOCK:
         _PLANS[key] = plan

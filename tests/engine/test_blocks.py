@@ -49,11 +49,13 @@ def test_single_parent_runner_any_split_same_bits(engine, closed, span, want_gra
     task, A1, A2 = _single_case(closed, span)
     ref = pg.exact_loss_and_grad(task, A1, A2, engine=engine, options=MANY)
     job = single.blocks(task, A1, A2, task.default_eps, want_grad, engine, "auto", MANY)
-    assert job.engine == engine and job.sym == (closed and span) and job.n_blocks > 4
     work = single.block_work(task, job)
-    assert work.shape == (job.n_blocks,) and work.dtype == np.int64 and np.all(work > 0)
-    whole = single.run_blocks(task, job, 0, job.n_blocks)
-    for ranges in _splits(job.n_blocks):
+    n = len(work)
+    assert job.engine == engine and job.sym == (closed and span) and n > 4
+    assert work.dtype == np.int64 and np.all(work > 0)
+    whole = single.run_blocks(task, job)
+    assert len(whole.loss) == n
+    for ranges in _splits(n):
         parts = _run_split(single, task, job, ranges)
         assert all(np.array_equal(p, w) for p, w in zip(parts, whole))  # slot for slot
         r = single.finish_blocks(job, parts)
@@ -70,9 +72,10 @@ def test_k_head_runner_any_split_same_bits(want_grad):
     A1, A2 = rng.normal(size=(2, 6, 6)), rng.normal(size=(2, 3, 3))
     ref = pg.exact_loss_and_grad(task, A1, A2, options=MANY)
     job = multi.blocks(task, A1, A2, task.default_eps, want_grad, MANY)
-    assert job.engine == "multi" and job.n_blocks > 4
-    assert np.array_equal(multi.block_work(task, job), np.ones(job.n_blocks, dtype=np.int64))
-    for ranges in _splits(job.n_blocks):
+    n = len(multi.block_work(task, job))
+    assert job.engine == "multi" and n > 4 and len(multi.run_blocks(task, job).loss) == n
+    assert np.array_equal(multi.block_work(task, job), np.ones(n, dtype=np.int64))
+    for ranges in _splits(n):
         r = multi.finish_blocks(job, _run_split(multi, task, job, ranges))
         if want_grad:
             _assert_bits(r, ref)
@@ -85,7 +88,7 @@ def test_range_weights_are_cached_per_range_and_change_no_bit():
     task, A1, A2 = _single_case(False, False, seed=5)
     pg.clear_caches()
     job = single.blocks(task, A1, A2, task.default_eps, True, "prefix", "off", MANY)
-    n = job.n_blocks
+    n = len(single.block_work(task, job))
     before = single.cache_stats()
     first = [single.run_blocks(task, job, lo, hi) for lo, hi in ((0, n // 2), (n // 2, n))]
     mid = single.cache_stats()
