@@ -219,7 +219,10 @@ def _run_chunk(fp, task, run, job, lo, hi):
     if held is None:
         return MISSING
     _threads()
-    return tuple(run(held, job, lo, hi))
+    loss, G, dA2 = run(held, job, lo, hi)
+    if not job.want_grad:  # a loss-only job ships no gradient slots (finish_blocks only sums them)
+        G, dA2 = np.zeros(G.shape[:-2] + (1, 1)), np.zeros(dA2.shape[:-2] + (1, 1))
+    return loss, G, dA2
 
 
 _ENV_CHECKED = []

@@ -83,7 +83,7 @@ def blocks(task, A1, A2, eps, want_grad, opts) -> BlockJob:
     task.check_size()
     P = np.ascontiguousarray(head_attention(A1))
     A2 = np.ascontiguousarray(A2, dtype=np.float64)
-    return BlockJob._make(("multi", False, P, A2, float(eps), bool(want_grad), opts))
+    return BlockJob("multi", False, P, A2, float(eps), bool(want_grad), opts)
 
 
 def block_work(task, job) -> np.ndarray:
@@ -108,7 +108,7 @@ def run_blocks(task, job, lo=0, hi=None) -> Partials:
     parallel = n_blocks > 1 and n > 1 and task.n_sequences >= job.opts.parallel_min_sequences
     kernel = _kr.loss_grad_multi_range if parallel else _kr.loss_grad_multi_range_serial
     kernel(lo, parents, tp, atoms, pk0, job.P, job.A2, job.eps, D, job.want_grad, loss_s, G_s, dA2_s)
-    return Partials._make((loss_s, G_s, dA2_s))
+    return Partials(loss_s, G_s, dA2_s)
 
 
 def finish_blocks(job, partials) -> LossAndGrad:

@@ -89,6 +89,7 @@ alternate), which never changes a bit.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import threading
@@ -143,8 +144,9 @@ _PLANS = OrderedDict()
 _PLAN_CACHE_SIZE = 16
 _LOCK = threading.Lock()  # the plan and weight caches (threads of one process may share them)
 _STATS = {"plan_builds": 0, "weight_builds": 0}
-_new_job = BlockJob._make  # the fast NamedTuple constructors (the training loop calls the engine often)
-_new_partials = Partials._make
+# C-level NamedTuple constructors (no Python frame: the training loop calls the engine thousands of times)
+_new_job = functools.partial(tuple.__new__, BlockJob)
+_new_partials = functools.partial(tuple.__new__, Partials)
 
 
 def loss_grad(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> LossAndGrad:
@@ -231,8 +233,6 @@ def run_blocks(task, job, lo=0, hi=None) -> Partials:
                job.want_grad, loss_s, G_s, dA2_s)
     else:
         raise ValueError(f"engine must be 'prefix' or 'direct', got {job.engine!r}")
-    if not job.want_grad:  # a loss-only job ships no gradient slots
-        return Partials(loss_s, np.zeros((n, 1, 1)), np.zeros((n, 1, 1)))
     return _new_partials((loss_s, G_s, dA2_s))
 
 
