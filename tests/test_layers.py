@@ -90,3 +90,28 @@ def test_moved_reference_losses_keep_their_old_paths_with_a_warning():
         assert pg.optimal_loss is baselines.optimal_loss  # the public name: no warning
         with pytest.raises(AttributeError):
             theory.not_a_name  # noqa: B018
+
+
+def test_distributed_uses_no_private_names_of_other_modules():
+    """engine/distributed.py only splits, ships and concatenates: it drives the engines through their block
+    runners, never through another module's private names (``single._prefix_plan``, ``_kernels``...)."""
+    path = ROOT / "engine" / "distributed.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    modules = set()
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            shared = {"_validation", "_io", "__future__"}  # popgrad's shared helpers, not another module's internals
+            if node.module and any(p.startswith("_") and p not in shared for p in node.module.split(".")):
+                bad.append(f"from {'.' * node.level}{node.module} import ...")
+            for a in node.names:
+                if a.name.startswith("_") and a.name != "annotations":
+                    bad.append(f"import of private name {a.name}")
+                modules.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            modules.update(a.asname or a.name.split(".")[0] for a in node.names)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules \
+                and node.attr.startswith("_") and not node.attr.startswith("__"):
+            bad.append(f"{node.value.id}.{node.attr} (line {node.lineno})")
+    assert bad == [], bad
