@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["CheckResult", "STATUSES", "SweepFit", "all_passed", "fit_power_law", "inconclusive", "not_applicable"]
+__all__ = ["CheckResult", "RATE_EXPONENT", "STATUSES", "rate_status", "SweepFit", "all_passed", "fit_power_law", "inconclusive", "not_applicable"]
 
 
 #: The four verdicts of a check (DESIGN §13).
@@ -109,6 +109,27 @@ class CheckResult(_CheckFields):
 def all_passed(checks) -> bool:
     """Whether every decided check passed (pass and fail count; inconclusive and not applicable do not)."""
     return bool(all(c.status == "pass" for c in checks if c.status in ("pass", "fail")))
+
+
+#: The rate checks pass when the local exponent over the top of the sweep is at most this (theory -1/2).
+RATE_EXPONENT = -0.4
+
+
+def rate_status(exponent: float, decreasing: bool, where: str = "", theory: float = -0.5) -> tuple:
+    """``(status, reason)`` of a rate statement ``y = O(T_eff^theory)`` (DESIGN §13).
+
+    ``"pass"`` when ``y`` decreases and its local exponent is ``≤ RATE_EXPONENT``; ``"inconclusive"``
+    ("pre-asymptotic") when it decreases more slowly; ``"fail"`` when it does not decrease.
+    """
+    where = f" {where}" if where else ""
+    if not np.isfinite(exponent):
+        return "inconclusive", f"the exponent could not be fitted{where}"
+    if not decreasing or exponent >= 0:
+        return "fail", ""
+    if exponent <= RATE_EXPONENT:
+        return "pass", ""
+    return "inconclusive", (f"pre-asymptotic: local exponent {exponent:.3f}{where} (theory {theory:g}; "
+                            f"passes at <= {RATE_EXPONENT:g})")
 
 
 def inconclusive(result: CheckResult, reason: str) -> CheckResult:
