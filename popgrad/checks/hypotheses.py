@@ -41,7 +41,7 @@ UNIFORM_MEAN_TOL = 1e-12
 #: Which Knowl 10 assumptions each check's statement needs.
 NEEDS = {
     "graph_recovery": ("gamma", "nondegenerate", "symmetric", "uniform_mean", "root_fraction"),  # Knowl 1.1
-    "head_specialization": ("gamma", "symmetric", "uniform_mean"),  # Knowl 9
+    "head_specialization": ("symmetric", "uniform_mean"),  # Knowl 9 (its k-parent prior: symmetry, mean)
     "gradient_alignment": ("gamma", "nondegenerate"),  # Knowl 3.1-3.2: the constant of O(T_eff^-1/2)
     "alignment_rate": ("gamma", "nondegenerate"),
     "field_dpi": ("gamma",),  # a strict DPI needs every transition possible
@@ -50,6 +50,11 @@ NEEDS = {
     "roots_uniform": ("symmetric", "uniform_mean"),  # Knowl 3.3
     "roots_at_scale": ("symmetric", "uniform_mean"),
 }
+
+#: The statement each check tests (named in its inconclusive reasons).
+STATEMENT_OF = {"graph_recovery": "Knowl 1.1", "head_specialization": "Knowl 9", "gradient_alignment": "Knowl 3",
+                "alignment_rate": "Knowl 3", "field_dpi": "the DPI (Knowl 2)", "loss_convergence": "Knowl 1.2",
+                "ood_generalization": "Knowl 4", "roots_uniform": "Knowl 3.3", "roots_at_scale": "Knowl 3.3"}
 
 _KNOWL = {"gamma": "Knowl 10.1", "nondegenerate": "Knowl 10.2", "symmetric": "Knowl 10.3",
           "uniform_mean": "Knowl 10.3", "root_fraction": "Knowl 10.4"}
@@ -155,7 +160,8 @@ def measure_hypotheses(task, gamma_min: float = GAMMA_MIN) -> Hypotheses:
 def within_hypotheses(result: CheckResult, hypotheses: Hypotheses | None, needs=None) -> CheckResult:
     """``result``, made ``"inconclusive"`` when an assumption it needs fails on the task.
 
-    Only a decided result (pass or fail) changes; its value, threshold and details stay, the details
+    A decided result (pass or fail) becomes inconclusive; an inconclusive one gets the failed assumptions
+    added to its reason. The value, threshold and details stay, the details
     gain ``hypotheses`` (what it needs and whether each holds). ``needs`` defaults to
     :data:`NEEDS` of the check's name.
     """
@@ -166,8 +172,11 @@ def within_hypotheses(result: CheckResult, hypotheses: Hypotheses | None, needs=
     details["hypotheses"] = {n: hypotheses.items[n].met for n in needs if n in hypotheses.items}
     result = result._replace(details=details)
     bad = hypotheses.failed(needs)
-    if not bad or not result.decided:
+    if not bad:
         return result
-    names = sorted({h.knowl for h in bad})
-    reason = "; ".join(h.describe() for h in bad) + f"; the statement assumes {' and '.join(names)}"
+    names = " and ".join(sorted({h.knowl for h in bad}))
+    what = "; ".join(h.describe() for h in bad)
+    reason = f"{what}; {STATEMENT_OF.get(result.name, 'the statement')} assumes {names}"
+    if result.status == "inconclusive":  # already undecided (e.g. pre-asymptotic): say both
+        return result._replace(reason=f"{result.reason}; also {reason}")
     return inconclusive(result, reason)
