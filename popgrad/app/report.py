@@ -20,6 +20,11 @@ from ..checks.results import _jsonable, all_passed
 from ..task.tasks import MultiParentTask
 from ..theory.information import assumptions
 
+#: Said (console and report) when ``uniform_mean`` is asked but the draws cannot be tilted to it.
+UNIFORM_MEAN_IMPOSSIBLE = ("uniform_mean = true, but every draw's trace is on one side of 1, so no reweighting "
+                           "gives E[pi] = 11^T/S: the draws keep equal weights and Knowl 10.3 fails (checks that "
+                           "need it are inconclusive); use more --atoms, another --seed or a larger --floor")
+
 #: The statuses, in the order report.md counts them.
 STATUS_NAMES = ("pass", "fail", "inconclusive", "not_applicable")
 _TAGS = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "not_applicable": "n/a"}
@@ -162,6 +167,8 @@ def render_markdown(report: dict) -> str:
         for k, h in hyp.items():
             mark = "n/a" if h["met"] is None else ("yes" if h["met"] else "**NO**")
             lines.append(f"| {k} | {h['knowl']} | {_fmt(h['value'])} | {h['requirement']} | {mark} |")
+        if cfg.get("uniform_mean") and hyp.get("uniform_mean", {}).get("met") is False:
+            lines += [f"Note: {UNIFORM_MEAN_IMPOSSIBLE}.", ""]
         lines.append("")
     lines += [
         "Configuration: " + ", ".join(f"`{k}={v}`" for k, v in cfg.items()),

@@ -109,7 +109,7 @@ def check_alignment_rate(graph_for_T: Callable, prior, T_values=None, eps=None, 
                  "|J(S M - g)| / |J g| decreases like T_eff^-1/2")
     if T_values is None:
         T_values = default_alignment_T(prior.S)
-    sweep = alignment_rate_sweep(graph_for_T, prior, T_values, eps)
+    sweep = alignment_rate_sweep(graph_for_T, prior, sorted(int(T) for T in T_values), eps)
     if len(sweep["T"]) < 2:
         return not_applicable(name, statement, "fewer than two T of the sweep have a non-root context row")
     te = np.asarray(sweep["t_eff"])
@@ -230,6 +230,7 @@ def check_roots_at_scale(graph_for_T: Callable, prior, T_values=None, lr1: float
                  "non-roots and their drift after Stage 1 shrink with T")
     if T_values is None:
         T_values = default_roots_T(prior.S)
+    T_values = sorted(int(T) for T in T_values)
     rows = {"T": [], "t_eff": [], "root_drive_ratio": [], "root_tv_after_stage1": [], "root_field_norm": []}
     last = None
     for T in T_values:

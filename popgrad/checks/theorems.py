@@ -601,6 +601,10 @@ def check_roots(task, A1, tol: float = 0.1, hypotheses="auto") -> CheckResult:
     hyp = _hypotheses(task, hypotheses)
     statement = "in-context root rows of the first layer carry no signal and stay near uniform (Knowl 3.3)"
     roots = [int(i) for i in task.graph.roots if 0 < i < task.T - 1]
+    if task.graph.non_roots.size == 0:
+        return not_applicable("roots_uniform", statement,
+                              "the graph has no non-root position: no row carries a signal, so root rows have "
+                              "nothing to be told apart from")
     if not roots:
         return not_applicable("roots_uniform", statement,
                               "no in-context root can attend to two or more positions (the only in-context root, "
