@@ -259,8 +259,8 @@ def check_roots_at_scale(graph_for_T: Callable, prior, T_values=None, lr1: float
     fit_r = fit_power_law(rows["t_eff"], rows["root_drive_ratio"])
     fit_tv = fit_power_law(rows["t_eff"], rows["root_tv_after_stage1"])
     r, tv = rows["root_drive_ratio"], rows["root_tv_after_stage1"]
-    shrinks_r = bool(r[-1] < r[0] and fit_r.exponent < 0)
-    shrinks_tv = bool(tv[-1] < tv[0] and fit_tv.exponent < 0)
+    shrinks_r = bool(r[-1] < r[0] * (1 - 1e-9) and fit_r.exponent < 0)
+    shrinks_tv = bool(tv[-1] < tv[0] * (1 - 1e-9) and fit_tv.exponent < 0)
     details = dict(sweep=rows, drive_ratio_exponent=fit_r.exponent, drive_ratio_exponent_stderr=fit_r.stderr,
                    tv_exponent=fit_tv.exponent, drive_ratio_shrinks=shrinks_r, tv_shrinks=shrinks_tv,
                    lr1=lr1, steps1=steps1, beta0=beta0,

@@ -490,6 +490,9 @@ def sup_error_distribution(task: Task, A1, A2, atoms, atom_weights):
     return np.concatenate(errs), np.concatenate(probs)
 
 
+#: "Shrinks": the last value is below the first by more than this fraction (rounding is not a trend).
+SHRINK_RTOL = 1e-9
+
 #: Knowl 4: the out-of-distribution error is of the order of the in-distribution error; popgrad reads
 #: "of the order" as a ratio of the 0.99-quantiles at most this.
 OOD_RATIO = 2.0
@@ -515,7 +518,7 @@ def ood_verdict(name, statement, T, t_eff, q_ood, q_in, details, kind="exact") -
     ok = bool(ratio <= OOD_RATIO)
     if len(T) >= 2:
         fit = fit_power_law(t_eff, q_ood)
-        shrinks = bool(q_ood[-1] < q_ood[0] and fit.exponent < 0)
+        shrinks = bool(q_ood[-1] < q_ood[0] * (1 - SHRINK_RTOL) and fit.exponent < 0)
         details.update(sweep_T=list(T), sweep_t_eff=list(t_eff), sweep_ood_quantile=list(q_ood),
                        sweep_in_distribution_quantile=list(q_in), ood_quantile_exponent=fit.exponent,
                        ood_quantile_exponent_stderr=fit.stderr, ood_quantile_shrinks=shrinks)
