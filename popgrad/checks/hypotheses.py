@@ -1,4 +1,4 @@
-"""The paper's assumptions ("Knowl 10") as hypotheses of each check (DESIGN §13).
+"""The paper's assumptions ("Knowl 10") as hypotheses of each check (DESIGN §15).
 
 A theorem is a statement under hypotheses. :func:`measure_hypotheses` measures
 every Knowl 10 assumption that popgrad can measure on a task, each as a

@@ -9,7 +9,7 @@ import numpy as np
 __all__ = ["CheckResult", "RATE_EXPONENT", "STATUSES", "rate_status", "SweepFit", "all_passed", "fit_power_law", "inconclusive", "not_applicable"]
 
 
-#: The four verdicts of a check (DESIGN §13).
+#: The four verdicts of a check (DESIGN §15).
 STATUSES = ("pass", "fail", "inconclusive", "not_applicable")
 
 
@@ -28,7 +28,7 @@ class _CheckFields(NamedTuple):
 
 
 class CheckResult(_CheckFields):
-    """One theorem check and its verdict (DESIGN §13).
+    """One theorem check and its verdict (DESIGN §15).
 
     Attributes
     ----------
@@ -116,7 +116,7 @@ RATE_EXPONENT = -0.4
 
 
 def rate_status(exponent: float, decreasing: bool, where: str = "", theory: float = -0.5) -> tuple:
-    """``(status, reason)`` of a rate statement ``y = O(T_eff^theory)`` (DESIGN §13).
+    """``(status, reason)`` of a rate statement ``y = O(T_eff^theory)`` (DESIGN §15).
 
     ``"pass"`` when ``y`` decreases and its local exponent is ``≤ RATE_EXPONENT``; ``"inconclusive"``
     ("pre-asymptotic") when it decreases more slowly; ``"fail"`` when it does not decrease.

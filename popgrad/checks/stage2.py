@@ -1,4 +1,4 @@
-r"""Stage 2 run to convergence, exactly, by a one-dimensional minimization (DESIGN §13).
+r"""Stage 2 run to convergence, exactly, by a one-dimensional minimization (DESIGN §15).
 
 Under a relabeling-closed prior the population ``dA2`` lies in
 ``span{I, 11ᵀ}`` whenever ``A2`` does, so Stage 2 of Algorithm 1 started at

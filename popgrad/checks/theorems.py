@@ -1,4 +1,4 @@
-"""Theorem checks: each prediction of the paper turned into a number and a verdict (DESIGN §13).
+"""Theorem checks: each prediction of the paper turned into a number and a verdict (DESIGN §15).
 
 Every check returns a :class:`CheckResult` with a ``status``: ``"pass"``,
 ``"fail"``, ``"inconclusive"`` (a Knowl 10 assumption the statement needs
@@ -125,7 +125,7 @@ def check_graph_recovery(task: Task, A1, C: float = 1.0, hypotheses="auto") -> C
     Value: ``min_i softmax(A1)[i, p(i)]`` over non-roots; threshold ``1 - C/T``;
     also requires ``argmax_j softmax(A1)[i, j] = p(i)`` for every non-root.
     ``"inconclusive"`` when a Knowl 10 assumption fails on the task
-    (``hypotheses="auto"`` measures them; ``None`` skips; DESIGN §13).
+    (``hypotheses="auto"`` measures them; ``None`` skips; DESIGN §15).
     """
     _check_task(task)
     A1 = _as_A1(task, A1)
@@ -282,7 +282,7 @@ def reference_losses(task, eps=None) -> dict:
     (``L_count``). Neither ``L*_ε`` nor ``L_Bayes,ε`` bounds the ε-loss from
     below (``L*_ε`` is negative when ``π + ε > 1``; the posterior predictive is
     optimal for ``ε = 0`` only); ``L_floor_eps`` is its exact floor
-    (:func:`popgrad.floor_loss`, DESIGN §13): ``L_floor,ε ≤ L_ε(θ)`` for every θ.
+    (:func:`popgrad.floor_loss`, DESIGN §15): ``L_floor,ε ≤ L_ε(θ)`` for every θ.
     For a k-parent task ``L_count`` is the count estimator of "Knowl 9" and
     ``L_count_model_limit`` the model's own ``β → ∞`` limit at the
     construction (they differ by the self-match of the last position).

@@ -8,7 +8,7 @@
 * :mod:`.reference` -- NumPy references of every engine;
 * :mod:`.field` -- the Stage-1 field (DESIGN §12): ``stage1_field`` by enumeration or count generating
   functions, no ``S**T``;
-* :mod:`.floor` -- the exact floor of the ε-perturbed loss (water-filling, DESIGN §13);
+* :mod:`.floor` -- the exact floor of the ε-perturbed loss (water-filling, DESIGN §15);
 * :mod:`.options` -- :class:`EngineOptions`, the engines' tunables in one object;
 * :mod:`.result` -- :class:`LossAndGrad` and the one softmax-Jacobian finish;
 * :mod:`._kernels` -- numba kernels only.

@@ -1,4 +1,4 @@
-r"""The exact floor of the ε-perturbed loss (DESIGN §13), for any task that enumerates.
+r"""The exact floor of the ε-perturbed loss (DESIGN §15), for any task that enumerates.
 
 The model is trained on ``L_ε(f) = -Σ_s Σ_c w(s,c) log(f_c(s) + ε)`` with
 ``f(s)`` in the simplex. No predictor of the sequence does better than the

@@ -529,7 +529,7 @@ def dirichlet_prior(
     floor : float in [0, 1), default 0
         Mix every draw with the uniform matrix, ``π = (1 - floor)·D + floor·11ᵀ/S``,
         before the tilt: then ``min π ≥ floor/S``, i.e. Knowl 10.1 holds with
-        ``γ ≥ floor`` whatever ``alpha`` (DESIGN §13). The mixture keeps a
+        ``γ ≥ floor`` whatever ``alpha`` (DESIGN §15). The mixture keeps a
         uniform mean uniform and shrinks the non-degeneracy sum by ``(1 - floor)²``
         (Knowl 10.2 asks ``≥ γ²/S``: a floor above about ``1/(1 + √S)`` can break it).
     """

@@ -6,7 +6,7 @@
 2. Rate: local exponent of the alignment distance ``‖J(S·M - g)‖ / ‖J g‖`` (chain, S = 2) over
    T_eff 300–1000 and 1000–2000, for four priors.
 
-    PYTHONPATH=. NUMBA_NUM_THREADS=1 python examples/verdict_tables.py [--roots] [--rate] [--top 2000]
+    PYTHONPATH=. NUMBA_NUM_THREADS=1 python benchmarks/verdict_tables.py [--roots] [--rate] [--top 2000]
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import numpy as np
 
 import popgrad as pg
 from popgrad.checks import alignment_rate_sweep, fit_power_law, root_drive_ratio
-from popgrad.checks.hypotheses import measure_hypotheses
 
 
 def priors():
