@@ -198,7 +198,7 @@ def output_paths(cfg: dict, resume: bool):
 
 
 #: How the console and report.md show each status.
-STATUS_TAGS = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "not_applicable": "N/A"}
+STATUS_TAGS = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "not_applicable": "N/A "}
 
 
 def log_checks(results, out: str, log=print) -> None:

@@ -145,7 +145,7 @@ def test_run_multi_parent_writes_the_report(tmp_path, capsys, graph_args, k):
     assert traj.A1.shape[1:] == (k, report["task"]["T"], report["task"]["T"])
     md = (out / "report.md").read_text()
     assert "| gradient_alignment | n/a |" in md and "| head_specialization |" in md
-    assert "[N/A] gradient_alignment" in capsys.readouterr().out
+    assert "[N/A ] gradient_alignment" in capsys.readouterr().out
 
 
 def test_run_multi_parent_resume_and_flag_precedence(tmp_path):

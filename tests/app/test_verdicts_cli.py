@@ -23,7 +23,7 @@ def test_default_prior_inside_the_hypotheses(tmp_path, capsys):
     assert "— all met" in md and "| uniform_mean | Knowl 10.3 |" in md
     assert checks["graph_recovery"]["status"] == "pass"
     assert checks["roots_uniform"]["status"] == "not_applicable"  # a chain
-    assert "[N/A] roots_uniform" in console
+    assert "[N/A ] roots_uniform" in console
     # no sweep: one T cannot show Knowl 3's rate
     assert checks["gradient_alignment"]["status"] == "inconclusive" and "no T sweep" in checks["gradient_alignment"][
         "reason"]
