@@ -147,16 +147,23 @@ def converged_loss_sweep(graph_for_T: Callable, prior, T_values, beta0: float = 
 
     For each ``T``: Stage 1 of Algorithm 1 (``gradient="auto"``: exact when the task enumerates, else the
     Stage-1 field), then ``α*``, exact or on ``samples`` sequences. Returns a dict of lists ``T``,
-    ``t_eff``, ``loss`` (``L_ε(θ̂)``), ``loss_se``, ``kind``, ``alpha``, ``L_star`` (exact),
-    ``excess`` (``L_ε(θ̂) - L*``), ``seconds``, and ``fit`` (:class:`SweepFit` of ``excess`` against
-    ``T_eff``) with ``exponent_interval`` (``level`` interval from the fit's standard error, normal
-    quantile) and ``excess_se`` (the sampled SE; ``L*`` is exact).
+    ``t_eff``, ``loss`` (``L_ε(θ̂)``, ``ε = T_eff^{-1/2}``), ``loss_se``, ``kind``, ``alpha``,
+    ``L_star`` and ``L_star_eps`` (exact), ``excess`` (``L_ε(θ̂) - L*``), ``excess_eps``
+    (``L_ε(θ̂) - L*_ε``, the same-ε comparison), ``seconds``, and ``fit`` (:class:`SweepFit` of
+    ``excess_eps`` against ``T_eff``; ``fit_star`` of ``excess``) with ``exponent_interval``
+    (``level`` interval from the fit's standard error, normal quantile) and ``excess_se`` (the
+    sampled SE; ``L*`` and ``L*_ε`` are exact).
+
+    ``L_ε - L*`` mixes two effects: the model's excess and the perturbation, which lowers every
+    ε-loss (``log(f + ε) > log f``) by an amount that shrinks as ``ε = T_eff^{-1/2}`` does; so it can
+    be negative at small ``T`` and grow with ``T``. ``L_ε(θ̂) - L*_ε`` compares at the same ``ε``.
     """
     from statistics import NormalDist
 
     from ..train.algorithm1 import train_two_stage
 
-    rows = {k: [] for k in ("T", "t_eff", "loss", "loss_se", "kind", "alpha", "L_star", "excess", "seconds")}
+    rows = {k: [] for k in ("T", "t_eff", "loss", "loss_se", "kind", "alpha", "L_star", "L_star_eps", "excess",
+                            "excess_eps", "seconds")}
     for T in T_values:
         t0 = time.perf_counter()
         task = Task(graph_for_T(int(T)), prior)
@@ -166,6 +173,7 @@ def converged_loss_sweep(graph_for_T: Callable, prior, T_values, beta0: float = 
         obj = None if task.enumerable else SampledObjective(task, samples, sample_seed)
         opt = converge_stage2(task, A1, objective=obj)
         Ls = optimal_loss(task)
+        Lse = optimal_loss(task, eps=task.default_eps if obj is None else obj.eps)
         rows["T"].append(int(T))
         rows["t_eff"].append(float(task.t_eff))
         rows["loss"].append(opt.loss)
@@ -173,11 +181,14 @@ def converged_loss_sweep(graph_for_T: Callable, prior, T_values, beta0: float = 
         rows["kind"].append(opt.kind)
         rows["alpha"].append(opt.alpha)
         rows["L_star"].append(float(Ls))
+        rows["L_star_eps"].append(float(Lse))
         rows["excess"].append(opt.loss - Ls)
+        rows["excess_eps"].append(opt.loss - Lse)
         rows["seconds"].append(time.perf_counter() - t0)
-    fit = fit_power_law(rows["t_eff"], rows["excess"])
+    fit = fit_power_law(rows["t_eff"], rows["excess_eps"])
     z = NormalDist().inv_cdf(0.5 + level / 2)
     rows["fit"] = fit
+    rows["fit_star"] = fit_power_law(rows["t_eff"], rows["excess"])
     rows["exponent_interval"] = (fit.exponent - z * fit.stderr, fit.exponent + z * fit.stderr)
     rows["excess_se"] = list(rows["loss_se"])
     return rows

@@ -178,7 +178,7 @@ class PriorDiagnostics(NamedTuple):
     def summary(self) -> str:
         sym = str(self.symmetric)
         return (
-            f"gamma={self.gamma:.4g} (min pi = gamma/S), "
+            f"gamma={self.gamma:.4g} (min pi = gamma/S; Knowl 10.1 with gamma >= 0.1: {self.gamma >= 0.1}), "
             f"non-degeneracy={self.nondegeneracy:.4g} (>= gamma^2/S: {self.nondegenerate}), "
             f"relabeling-symmetric={sym}, "
             f"uniform mean={self.uniform_mean} (max |E[pi]-1/S| = {self.uniform_mean_error:.3g})"

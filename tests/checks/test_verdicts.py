@@ -232,3 +232,17 @@ def test_sampled_checks_statuses():
     assert ood.status in ("pass", "fail") and ood.threshold == 2.0
     assert ood.value == pytest.approx(ood.details["ood_quantile"]["value"] / ood.details["in_distribution_quantile"]
                                       ["value"], rel=1e-12)
+
+
+def test_converged_loss_sweep_exact():
+    rows = C.converged_loss_sweep(pg.chain, INSIDE, [4, 5, 6], steps1=50)
+    assert rows["kind"] == ["exact"] * 3 and rows["T"] == [4, 5, 6]
+    for T, L, a in zip(rows["T"], rows["loss"], rows["alpha"]):
+        task = pg.Task(pg.chain(T), INSIDE)
+        A1 = pg.train_two_stage(task, steps1=50, steps2=0, record_every=50).final_A1
+        assert L == pytest.approx(pg.exact_loss(task, A1, a * np.eye(2)), rel=1e-12)
+        assert L >= pg.floor_loss(task) - 1e-12
+    np.testing.assert_allclose(np.array(rows["loss"]) - rows["L_star_eps"], rows["excess_eps"], rtol=0, atol=1e-15)
+    assert rows["fit"].exponent == pytest.approx(C.fit_power_law(rows["t_eff"], rows["excess_eps"]).exponent)
+    lo, hi = rows["exponent_interval"]
+    assert lo <= rows["fit"].exponent <= hi
