@@ -72,7 +72,7 @@ def plot_loss(trajectory, references: dict, path) -> None:
                     color="tab:red", lw=1.2, capsize=2, label=f"sampled loss ± 2 SE (n = {n:,})")
     eps = references.get("eps")
     tag = f" (same ε = {eps:.3g})" if eps is not None else ""
-    styles = {"L_floor_eps": (f"L_floor,ε: exact floor, lower bound{tag}", "k"),
+    styles = {"L_floor_eps": (f"L_floor,ε: exact floor, lower bound{tag}", "tab:gray"),
               "L_star_eps": (f"L*_ε: oracle knowing π, not a bound{tag}", "tab:green"),
               "L_bayes_eps": (f"L_Bayes,ε: Bayes predictive, not a bound{tag}", "tab:blue"),
               "L_count": (f"count estimator{tag}", "tab:orange")}
