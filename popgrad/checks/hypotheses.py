@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-
 from ..task.tasks import MultiParentTask
 from .results import CheckResult, inconclusive
 
