@@ -22,8 +22,10 @@ def ensure_out(path):
 
 
 def print_checks(results):
-    for c in results:
-        print(f"  [{'PASS' if c.passed else 'FAIL'}] {c.name}: {c.value:.4g} {c.comparison} {c.threshold:.4g}")
+    """One line per check with its status (and, when undecided, why)."""
+    from popgrad.app.jobs import log_checks
+
+    log_checks(results, "(not written)", log=lambda line: None if line.startswith("report:") else print(line))
 
 
 def train_check_and_plot(task, out):

@@ -65,7 +65,7 @@ def main():
         rows.append((name, rec, traj, refs, t1, t2))
         print(f"{name:7s} stage 1 {t1:6.1f} s (field, exact)  stage 2 {t2:6.1f} s (sampled, n = {traj.stage2_samples:,})")
     lines = [
-        "| graph | min attention to parent (exact) | recovered | final loss (sampled) | count estimator (sampled) "
+        "| graph | min attention to parent (exact) | graph recovery (Knowl 1.1) | final loss (sampled) | count estimator (sampled) "
         "| loss - count (sampled) | Bayes | L*_eps (exact) | n |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -73,7 +73,8 @@ def main():
         m, c, d = refs["L_model"], refs["L_count"], refs["model_minus_count"]
         bayes = refs["L_bayes_eps"]
         b = f"{bayes['value']:.4f} ± {bayes['se']:.1g}" if bayes["value"] is not None else "not computed (10! relabelings)"
-        lines.append(f"| {name} | {rec.value:.4f} | {rec.passed} | {m['value']:.4f} ± {m['se']:.1g} | "
+        verdict = rec.status + (f" ({rec.reason})" if rec.reason else "")
+        lines.append(f"| {name} | {rec.value:.4f} | {verdict} | {m['value']:.4f} ± {m['se']:.1g} | "
                      f"{c['value']:.4f} ± {c['se']:.1g} | {d['value']:+.4f} ± {d['se']:.1g} | {b} | "
                      f"{refs['L_star_eps']['value']:.4f} | {traj.stage2_samples:,} |")
     lines.append("")

@@ -55,6 +55,7 @@ def _types():
 ARG_SPECS = {
     "graph": ("str", None, False), "S": ("int", 2, False), "T": ("int", 2, False), "alpha": ("real", 0, True),
     "atoms": ("int", 1, False), "seed": ("int", 0, False), "uniform_mean": ("bool", None, False),
+    "floor": ("real", 0, False),
     "beta0": ("real", 0, True), "lr1": ("real", 0, False), "steps1": ("int", 0, False), "lr2": ("real", 0, False),
     "steps2": ("int", 0, False), "gradient": ("str", None, False), "schedule": ("str", None, False),
     "record_every": ("int", 1, False), "checkpoint_every": ("int", 0, False), "sweep": ("bool", None, False),
@@ -186,7 +187,12 @@ def _add_task_flags(p):
     p.add_argument("--atoms", type=_arg("atoms"), help="Dirichlet draws before relabeling closure (default 8)")
     p.add_argument("--seed", type=_arg("seed"), help="seed of the prior (and of --graph random) (default 0)")
     p.add_argument("--uniform-mean", dest="uniform_mean", action="store_true", default=None,
-                   help="reweight the prior's draws so that E[pi] = 11^T/S (paper Assumption 3)")
+                   help="reweight the prior's draws so that E[pi] = 11^T/S (Knowl 10.3; the default)")
+    p.add_argument("--no-uniform-mean", dest="uniform_mean", action="store_false",
+                   help="keep the draws' equal weights (E[pi] not uniform: Knowl 10.3 fails)")
+    p.add_argument("--floor", type=_arg("floor"), help="mix each prior draw with the uniform matrix: "
+                   "pi = (1-floor) D + floor/S, so min pi >= floor/S (Knowl 10.1 with gamma >= floor; default "
+                   f"{DEFAULTS['floor']}, 0 for the raw Dirichlet draws)")
     p.add_argument("--max-sequences", dest="max_sequences", type=_arg("max_sequences"), help="limit on S**T (default 2**25)")
 
 

@@ -55,8 +55,10 @@ def plot_loss(trajectory, references: dict, path) -> None:
     """Exact (perturbed) loss vs step with the same-``ε`` reference lines.
 
     ``references`` is :func:`popgrad.checks.reference_losses`; the lines are
-    the oracle (``L_star_eps``), the Bayes predictive (``L_bayes_eps``) and the
-    count estimator (``L_count``), all under the loss the model is trained on.
+    the exact floor (``L_floor_eps``, the lower bound, solid), the oracle
+    (``L_star_eps``, ``L*_ε``), the Bayes predictive (``L_bayes_eps``,
+    ``L_Bayes,ε``) and the count estimator (``L_count``), all under the loss the
+    model is trained on; ``L*_ε`` and ``L_Bayes,ε`` are not bounds of it.
     """
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ok = np.isfinite(trajectory.loss)
@@ -70,8 +72,9 @@ def plot_loss(trajectory, references: dict, path) -> None:
                     color="tab:red", lw=1.2, capsize=2, label=f"sampled loss ± 2 SE (n = {n:,})")
     eps = references.get("eps")
     tag = f" (same ε = {eps:.3g})" if eps is not None else ""
-    styles = {"L_star_eps": (f"oracle knowing π{tag}", "tab:green"),
-              "L_bayes_eps": (f"Bayes predictive{tag}", "tab:blue"),
+    styles = {"L_floor_eps": (f"L_floor,ε: exact floor, lower bound{tag}", "tab:gray"),
+              "L_star_eps": (f"L*_ε: oracle knowing π, not a bound{tag}", "tab:green"),
+              "L_bayes_eps": (f"L_Bayes,ε: Bayes predictive, not a bound{tag}", "tab:blue"),
               "L_count": (f"count estimator{tag}", "tab:orange")}
     for key, (label, color) in styles.items():
         v = references.get(key)
@@ -80,7 +83,8 @@ def plot_loss(trajectory, references: dict, path) -> None:
             continue
         kind = v.get("kind", "exact") if isinstance(v, dict) else "exact"
         se = f" ± {v['se']:.1g}" if kind == "sampled" and v.get("se") is not None else ""
-        ax.axhline(value, ls="--", color=color, label=f"{label} = {value:.4f}{se} ({kind})")
+        ax.axhline(value, ls="-" if key == "L_floor_eps" else "--", lw=1.0 if key == "L_floor_eps" else 1.2,
+                   color=color, label=f"{label} = {value:.4f}{se} ({kind})")
     s1 = trajectory.config.steps1
     if trajectory.config.schedule == "two-stage" and 0 < s1 < trajectory.step[-1]:
         ax.axvline(s1, color="grey", lw=0.8, ls=":", label="end of Stage 1")

@@ -15,9 +15,31 @@ import scipy
 
 from .. import __version__
 from .._io import atomic_write_text
-from ..checks.results import _jsonable
+from ..checks.hypotheses import measure_hypotheses
+from ..checks.results import _jsonable, all_passed
 from ..task.tasks import MultiParentTask
 from ..theory.information import assumptions
+
+#: Said (console and report) when ``uniform_mean`` is asked but the draws cannot be tilted to it.
+UNIFORM_MEAN_IMPOSSIBLE = ("uniform_mean = true, but every draw's trace is on one side of 1, so no reweighting "
+                           "gives E[pi] = 11^T/S: the draws keep equal weights and Knowl 10.3 fails (checks that "
+                           "need it are inconclusive); use more --atoms, another --seed or a larger --floor")
+
+#: The statuses, in the order report.md counts them.
+STATUS_NAMES = ("pass", "fail", "inconclusive", "not_applicable")
+_TAGS = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "not_applicable": "n/a"}
+
+#: What each reference loss is (report.md).
+REFERENCE_LABELS = {
+    "eps": "ε, the loss perturbation (T_eff^-1/2)",
+    "L_star": "L*: the oracle that knows π, ε = 0",
+    "L_bayes": "L_Bayes = H(y \\| s), ε = 0",
+    "L_star_eps": "L*_ε: the oracle's ε-loss (not a bound; < 0 when π + ε > 1)",
+    "L_bayes_eps": "L_Bayes,ε: the posterior predictive's ε-loss (optimal at ε = 0 only; not a bound)",
+    "L_count": "L_count: the count estimator of Knowl 8, ε-loss",
+    "L_count_model_limit": "the model's own limit at the construction, ε-loss",
+    "L_floor_eps": "L_floor,ε: the exact floor of the ε-loss (lower bound of every model)",
+}
 
 __all__ = ["build_report", "write_report", "render_markdown", "atomic_write_text", "versions"]
 
@@ -44,6 +66,7 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
             assume = assumptions(task)._asdict()
     except ValueError as exc:  # e.g. a reducible atom (mu has a zero): say so instead of failing
         assume = {"error": str(exc)}
+    hyp = measure_hypotheses(task)
     ok = np.flatnonzero(np.isfinite(trajectory.loss))
     last = int(ok[-1]) if ok.size else None
     final_se = float(trajectory.loss_se[last]) if last is not None else float("nan")
@@ -60,6 +83,8 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
                 "n_sequences": task.n_sequences,
                 "prior_atoms": task.prior.K,
                 "assumptions": assume,
+                "hypotheses": hyp.to_dict(),
+                "hypotheses_all_met": hyp.all_met,
                 "note": "every population quantity is exact for this finite prior (its atoms and weights), "
                         "except those labelled sampled (estimates with a standard error and n)",
             },
@@ -75,7 +100,8 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
                 "stage2_samples": int(trajectory.stage2_samples),
             },
             "checks": [c.to_dict() for c in checks],
-            "all_passed": bool(all(c.passed for c in checks if getattr(c, "applicable", True))),
+            "all_passed": all_passed(checks),
+            "status_counts": {st: sum(c.status == st for c in checks) for st in STATUS_NAMES},
             **(extra or {}),
         }
     )
@@ -127,6 +153,24 @@ def render_markdown(report: dict) -> str:
         "Paper assumptions (Knowl 10) measured on this task: "
         + ", ".join(f"{k} = {_fmt(v)}" for k, v in t["assumptions"].items()),
         "",
+    ]
+    hyp = t.get("hypotheses") or {}
+    if hyp:
+        met = t.get("hypotheses_all_met")
+        lines += [
+            "## Hypotheses (Knowl 10, γ = 0.1)" + (" — all met" if met else " — NOT all met: checks that need a "
+                                                                             "failed one are inconclusive"),
+            "",
+            "| assumption | where | measured | requirement | met |",
+            "|---|---|---|---|---|",
+        ]
+        for k, h in hyp.items():
+            mark = "n/a" if h["met"] is None else ("yes" if h["met"] else "**NO**")
+            lines.append(f"| {k} | {h['knowl']} | {_fmt(h['value'])} | {h['requirement']} | {mark} |")
+        if cfg.get("uniform_mean") and hyp.get("uniform_mean", {}).get("met") is False:
+            lines += [f"Note: {UNIFORM_MEAN_IMPOSSIBLE}.", ""]
+        lines.append("")
+    lines += [
         "Configuration: " + ", ".join(f"`{k}={v}`" for k, v in cfg.items()),
         "",
         f"Run status: **{report['trajectory']['status']}** {report['trajectory']['message']}".rstrip(),
@@ -137,7 +181,8 @@ def render_markdown(report: dict) -> str:
         "|---|---|---|",
     ]
     for k, v in report["references"].items():
-        lines.append(f"| {k} | {_fmt_value(v)} | {_kind(v)} |")
+        label = REFERENCE_LABELS.get(k.replace("_sampled", ""), k)
+        lines.append(f"| {label} | {_fmt_value(v)} | {_kind(v)} |")
     tr = report["trajectory"]
     final = {"value": tr["final_loss"], "kind": tr.get("final_loss_kind") or "exact", "se": tr.get("final_loss_se"),
              "n": tr.get("stage2_samples")}
@@ -146,23 +191,30 @@ def render_markdown(report: dict) -> str:
         "",
         "## Theorem checks",
         "",
-        "| check | value | | threshold | passed | kind |",
-        "|---|---|---|---|---|---|",
+        "| check | value | | threshold | status | kind | reason |",
+        "|---|---|---|---|---|---|---|",
     ]
     for c in report["checks"]:
-        mark = "n/a" if not c.get("applicable", True) else ("PASS" if c["passed"] else "FAIL")
-        lines.append(f"| {c['name']} | {_fmt(c['value'])} | {c['comparison']} | {_fmt(c['threshold'])} | {mark} "
-                     f"| {c.get('kind', 'exact')} |")
+        status = c.get("status") or (("pass" if c["passed"] else "fail") if c.get("applicable", True)
+                                     else "not_applicable")
+        lines.append(f"| {c['name']} | {_fmt(c['value'])} | {c['comparison']} | {_fmt(c['threshold'])} | "
+                     f"{_TAGS[status]} | {c.get('kind', 'exact')} | {c.get('reason', '')} |")
+    counts = report.get("status_counts")
+    if counts:
+        lines += ["", "Verdicts: " + ", ".join(f"{counts[k]} {k}" for k in STATUS_NAMES) +
+                  f"; all decided checks passed: {report['all_passed']}."]
     sweep = report.get("loss_sweep")
     if sweep:
         lines += [
             "",
             "## Loss sweep over T (trained at each T with the same settings)",
             "",
-            "| T | T_eff | L_ε(θ̂) - L*_ε | L_ε(θ̂) - L_Bayes,ε |",
-            "|---|---|---|---|",
+            "| T | T_eff | L_ε(θ̂) - L*_ε | L_ε(θ̂) - L_Bayes,ε | L_ε(θ̂) - L_floor,ε (≥ 0) |",
+            "|---|---|---|---|---|",
         ]
-        for row in zip(sweep["T"], sweep["t_eff"], sweep["excess_over_L_star_eps"], sweep["excess_over_bayes_eps"]):
+        floor = sweep.get("excess_over_floor_eps") or [None] * len(sweep["T"])
+        for row in zip(sweep["T"], sweep["t_eff"], sweep["excess_over_L_star_eps"], sweep["excess_over_bayes_eps"],
+                       floor):
             lines.append("| " + " | ".join(_fmt(x) for x in row) + " |")
         lines += [
             "",

@@ -245,6 +245,8 @@ def summary_row(cfg: dict, report: dict | None = None, error: str = "", versions
         for c in report["checks"]:
             row[f"{c['name']}_value"] = _scalar(c["value"])
             row[f"{c['name']}_passed"] = c["passed"]
+            row[f"{c['name']}_status"] = c.get("status", "")
+            row[f"{c['name']}_reason"] = c.get("reason", "")
             row[f"{c['name']}_applicable"] = c.get("applicable", True)
             row[f"{c['name']}_kind"] = c.get("kind", "exact")
         for k, v in report["references"].items():

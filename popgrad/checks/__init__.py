@@ -1,13 +1,18 @@
 """Step 5 of the data flow: each prediction of the paper turned into a number (:class:`CheckResult`).
 
-* :mod:`.results` -- :class:`CheckResult`, :func:`not_applicable`, power-law fits;
+* :mod:`.results` -- :class:`CheckResult` (status pass / fail / inconclusive / not_applicable), power-law fits;
+* :mod:`.hypotheses` -- the Knowl 10 assumptions measured on a task, and which each check needs;
+* :mod:`.stage2` -- Stage 2 to convergence by an exact 1-D minimization, and Knowl 1.2 over T;
 * :mod:`.theorems` -- the checks (graph recovery, gradient alignment, loss convergence, OOD, roots,
   head specialization), one function per check for every task kind, thresholds documented there;
 * :mod:`.scale` -- checks at any ``T`` from the Stage-1 field (alignment rate, DPI in the field, roots);
 * :mod:`.sampled` -- checks beyond enumeration from a fixed sample (``kind="sampled"``, with standard errors);
 * :mod:`._kernels` -- numba kernels of the OOD check.
 """
-from .results import CheckResult, SweepFit, fit_power_law, not_applicable
+from .hypotheses import GAMMA_MIN, NEEDS, Hypotheses, Hypothesis, measure_hypotheses, within_hypotheses
+from .results import (RATE_EXPONENT, STATUSES, CheckResult, SweepFit, all_passed, fit_power_law, inconclusive,
+                      not_applicable, rate_status)
+from .stage2 import Stage2Optimum, converge_stage2, converged_loss_sweep
 from .sampled import check_loss_convergence_sampled, check_ood_sampled
 from .scale import (
     alignment_rate_sweep,
@@ -15,6 +20,8 @@ from .scale import (
     check_field_dpi,
     check_roots_at_scale,
     default_alignment_T,
+    default_roots_T,
+    root_drive_ratio,
 )
 from .theorems import (
     alignment_sweep,
@@ -29,6 +36,7 @@ from .theorems import (
     gradient_agreement,
     loss_sweep,
     ood_transition,
+    ood_verdict,
     reference_losses,
     reference_losses_multi,
     sup_error_distribution,
@@ -42,4 +50,7 @@ __all__ = [
     "check_alignment_rate", "alignment_rate_sweep", "check_field_dpi", "check_roots_at_scale", "default_alignment_T",
     "check_loss_convergence_sampled", "check_ood_sampled",
     "reference_losses_multi", "check_loss_convergence_multi", "check_roots_multi",
+    "STATUSES", "RATE_EXPONENT", "all_passed", "inconclusive", "rate_status", "ood_verdict",
+    "GAMMA_MIN", "NEEDS", "Hypothesis", "Hypotheses", "measure_hypotheses", "within_hypotheses",
+    "Stage2Optimum", "converge_stage2", "converged_loss_sweep", "default_roots_T", "root_drive_ratio",
 ]

@@ -6,59 +6,135 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["CheckResult", "SweepFit", "fit_power_law", "not_applicable"]
+__all__ = ["CheckResult", "RATE_EXPONENT", "STATUSES", "rate_status", "SweepFit", "all_passed", "fit_power_law", "inconclusive", "not_applicable"]
 
 
-class CheckResult(NamedTuple):
-    """One theorem check.
+#: The four verdicts of a check (DESIGN §15).
+STATUSES = ("pass", "fail", "inconclusive", "not_applicable")
+
+
+class _CheckFields(NamedTuple):
+    name: str
+    value: float
+    threshold: float
+    passed: object
+    comparison: str
+    statement: str
+    details: dict
+    applicable: bool = True
+    kind: str = "exact"
+    status: str = "pass"
+    reason: str = ""
+
+
+class CheckResult(_CheckFields):
+    """One theorem check and its verdict (DESIGN §15).
 
     Attributes
     ----------
     name : str
         Short identifier (``graph_recovery``, ...).
     value : float
-        The measured quantity.
+        The measured quantity (shown for every status; NaN when nothing was measured).
     threshold : float
-        What ``value`` is compared against.
-    passed : bool
+        What ``value`` is compared against, taken from the statement.
+    passed : bool or None
+        ``True`` / ``False`` for ``status`` ``"pass"`` / ``"fail"``; ``None`` (JSON null) otherwise.
     comparison : str
-        ``">="`` or ``"<="``: the direction of the comparison.
+        ``">="``, ``"<="``, ``">"`` or ``"n/a"``: the direction of the comparison.
     statement : str
         The paper statement checked, in one line.
     details : dict
         Supporting numbers (JSON-serialisable).
-    applicable : bool, default True
-        ``False`` when the check does not apply to the task (e.g. the
-        idealized-gradient check for a multi-parent task): ``value`` and
-        ``threshold`` are NaN, ``passed`` is ``False`` and reports show "n/a"
-        and leave it out of ``all_passed`` (:func:`not_applicable`).
+    applicable : bool
+        Derived from ``status``: ``False`` exactly for ``"not_applicable"``.
     kind : {"exact", "sampled"}, default "exact"
         Whether ``value`` is exact (for the task's finite prior) or an estimate
         from a sample (then the details hold its standard error and ``n``).
+    status : {"pass", "fail", "inconclusive", "not_applicable"}
+        The verdict. When not given it is derived from ``passed`` and ``applicable``
+        (the pre-status constructor): ``"pass"`` / ``"fail"``, or ``"not_applicable"``.
+    reason : str
+        Why the verdict is ``"inconclusive"`` or ``"not_applicable"`` (one line,
+        e.g. "uniform mean fails (error 0.035); Knowl 3.3 assumes it"); empty otherwise.
     """
 
-    name: str
-    value: float
-    threshold: float
-    passed: bool
-    comparison: str
-    statement: str
-    details: dict
-    applicable: bool = True
-    kind: str = "exact"
+    __slots__ = ()
+
+    def __new__(cls, name, value, threshold, passed, comparison, statement, details, applicable=True,
+                kind="exact", status=None, reason=""):
+        if status is None:
+            status = ("pass" if passed else "fail") if applicable else "not_applicable"
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {status!r}")
+        if status == "not_applicable" and not reason:
+            reason = str((details or {}).get("reason", ""))
+        if status in ("inconclusive", "not_applicable") and not reason:
+            raise ValueError(f"a {status} check needs a reason")
+        decided = status in ("pass", "fail")
+        return super().__new__(cls, name, value, threshold, (status == "pass") if decided else None, comparison,
+                               statement, details, status != "not_applicable", kind, status,
+                               "" if decided else str(reason))
+
+    def _replace(self, **changes) -> "CheckResult":
+        """A copy with ``changes``; the status is derived again when ``passed`` changes without it."""
+        d = self._asdict()
+        if ("passed" in changes or "applicable" in changes) and "status" not in changes:
+            d["status"] = None
+            d["reason"] = changes.get("reason", "")
+        d.update(changes)
+        return CheckResult(**d)
+
+    @property
+    def decided(self) -> bool:
+        """Whether the check gave a verdict (``"pass"`` or ``"fail"``)."""
+        return self.status in ("pass", "fail")
 
     def to_dict(self) -> dict:
         return {
             "name": self.name,
             "value": _jsonable(self.value),
             "threshold": _jsonable(self.threshold),
-            "passed": bool(self.passed),
+            "status": self.status,
+            "reason": self.reason,
+            "passed": None if self.passed is None else bool(self.passed),
             "comparison": self.comparison,
             "statement": self.statement,
             "details": _jsonable(self.details),
             "applicable": bool(self.applicable),
             "kind": self.kind,
         }
+
+
+def all_passed(checks) -> bool:
+    """Whether every decided check passed (pass and fail count; inconclusive and not applicable do not)."""
+    return bool(all(c.status == "pass" for c in checks if c.status in ("pass", "fail")))
+
+
+#: The rate checks pass when the local exponent over the top of the sweep is at most this (theory -1/2).
+RATE_EXPONENT = -0.4
+
+
+def rate_status(exponent: float, decreasing: bool, where: str = "", theory: float = -0.5) -> tuple:
+    """``(status, reason)`` of a rate statement ``y = O(T_eff^theory)`` (DESIGN §15).
+
+    ``"pass"`` when ``y`` decreases and its local exponent is ``≤ RATE_EXPONENT``; ``"inconclusive"``
+    ("pre-asymptotic") when it decreases more slowly; ``"fail"`` when it does not decrease.
+    """
+    where = f" {where}" if where else ""
+    if not np.isfinite(exponent):
+        return "inconclusive", f"the exponent could not be fitted{where}"
+    if not decreasing or exponent >= 0:
+        return "fail", ""
+    if exponent <= RATE_EXPONENT:
+        return "pass", ""
+    return "inconclusive", (f"pre-asymptotic: local exponent {exponent:.3f}{where} (theory {theory:g}; "
+                            f"passes at <= {RATE_EXPONENT:g})")
+
+
+def inconclusive(result: CheckResult, reason: str) -> CheckResult:
+    """``result`` with status ``"inconclusive"`` and ``reason`` (its value, threshold and details kept)."""
+    return result._replace(status="inconclusive", reason=reason, passed=None)
 
 
 def _jsonable(x):
@@ -78,19 +154,23 @@ def _jsonable(x):
     return x
 
 
-def _result(name, value, threshold, comparison, statement, details) -> CheckResult:
+def _result(name, value, threshold, comparison, statement, details, kind="exact") -> CheckResult:
     if comparison == ">=":
         passed = bool(value >= threshold)
+    elif comparison == ">":
+        passed = bool(value > threshold)
     else:
         passed = bool(value <= threshold)
-    return CheckResult(name, float(value), float(threshold), passed, comparison, statement, details)
+    return CheckResult(name, float(value), float(threshold), passed, comparison, statement, details, kind=kind)
 
 
 # ===================================================== multi-parent tasks (issue 7)
 def not_applicable(name: str, statement: str, reason: str) -> CheckResult:
-    """A check that does not apply to the task: NaN value, ``applicable=False``, the reason in the details."""
+    """A check with nothing to test on the task: status ``"not_applicable"``, NaN value, the reason in
+    ``reason`` and in the details."""
     nan = float("nan")
-    return CheckResult(name, nan, nan, False, "n/a", statement, {"reason": reason}, applicable=False)
+    return CheckResult(name, nan, nan, None, "n/a", statement, {"reason": reason}, status="not_applicable",
+                       reason=reason)
 
 
 # ----------------------------------------------------------- 2. alignment

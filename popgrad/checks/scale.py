@@ -31,10 +31,11 @@ from ..engine.field import field_grad_A1, stage1_field
 from ..model.reduced import first_layer_attention
 from ..task.tasks import Task
 from ..theory.information import idealized_gradient
-from .results import CheckResult, _result, fit_power_law, not_applicable
+from .hypotheses import NEEDS, measure_hypotheses, within_hypotheses
+from .results import RATE_EXPONENT, CheckResult, fit_power_law, not_applicable, rate_status
 
 __all__ = ["default_alignment_T", "alignment_rate_sweep", "check_alignment_rate", "check_field_dpi",
-           "check_roots_at_scale", "jacobian_rows"]
+           "check_roots_at_scale", "default_roots_T", "jacobian_rows", "root_drive_ratio"]
 
 
 def jacobian_rows(P, X) -> np.ndarray:
@@ -89,22 +90,28 @@ def alignment_rate_sweep(graph_for_T: Callable, prior, T_values, eps=None) -> di
     return rows
 
 
-def check_alignment_rate(graph_for_T: Callable, prior, T_values=None, eps=None, name="alignment_rate") -> CheckResult:
+def check_alignment_rate(graph_for_T: Callable, prior, T_values=None, eps=None, name="alignment_rate",
+                         hypotheses="auto") -> CheckResult:
     """Knowl 3's rate, exactly to first order in ``β0``, over a sweep of ``T`` (module docstring).
 
     Value: the local exponent ``b`` of ``distance ∝ T_eff^b`` fitted over the
-    top decade of ``T_eff`` (threshold 0; theory ``-1/2``). Passes when the
-    distance decreases over the top decade and ``max/min`` of
-    ``√T_eff · distance`` there is at most 2. Details: the whole sweep, the
-    exponent's standard error, the factor.
+    top decade of the sweep's ``T_eff`` (theory ``-1/2``); threshold
+    :data:`~popgrad.checks.results.RATE_EXPONENT` ``= -0.4``. Status
+    (:func:`~popgrad.checks.results.rate_status`): ``"pass"`` when the distance
+    decreases over the top decade and ``b ≤ -0.4``; ``"inconclusive"``
+    ("pre-asymptotic", with ``b``) when it decreases more slowly; ``"fail"`` when
+    it does not decrease; ``"inconclusive"`` also when a Knowl 10 assumption it
+    needs fails (``hypotheses``: ``"auto"`` measures them on the largest task of
+    the sweep, ``None`` skips). Details: the whole sweep, the exponent's
+    standard error, ``√T_eff ·`` distance and its max/min over the top decade.
     """
     statement = ("S*M_i = g_i + O(T_eff^-1/2) (Knowl 3, exact first-order field): "
                  "|J(S M - g)| / |J g| decreases like T_eff^-1/2")
     if T_values is None:
         T_values = default_alignment_T(prior.S)
-    sweep = alignment_rate_sweep(graph_for_T, prior, T_values, eps)
+    sweep = alignment_rate_sweep(graph_for_T, prior, sorted(int(T) for T in T_values), eps)
     if len(sweep["T"]) < 2:
-        return not_applicable(name, statement, "fewer than two T of the sweep have a non-root row")
+        return not_applicable(name, statement, "fewer than two T of the sweep have a non-root context row")
     te = np.asarray(sweep["t_eff"])
     d = np.asarray(sweep["distance"])
     top = te >= te.max() / 10.0
@@ -122,8 +129,13 @@ def check_alignment_rate(graph_for_T: Callable, prior, T_values=None, eps=None, 
         sqrt_t_eff_times_distance_factor=factor, decreasing_over_top_decade=decreasing,
         method="stage1_field (exact to first order in beta0), idealized_gradient; J at A1 = 0",
     )
-    res = _result(name, fit.exponent, 0.0, "<=", statement, details)
-    return res._replace(passed=bool(decreasing and factor <= 2.0))
+    where = f"over T_eff {te[top][0]:.4g}-{te[top][-1]:.4g}"
+    status, reason = rate_status(fit.exponent, decreasing, where)
+    res = CheckResult(name, float(fit.exponent), RATE_EXPONENT, status == "pass", "<=", statement, details,
+                      status=status, reason=reason)
+    if hypotheses == "auto":
+        hypotheses = measure_hypotheses(Task(graph_for_T(int(sweep["T"][-1])), prior))
+    return within_hypotheses(res, hypotheses, NEEDS["alignment_rate"])
 
 
 def check_field_dpi(task: Task, eps=None, M=None) -> CheckResult:
@@ -169,38 +181,92 @@ def check_field_dpi(task: Task, eps=None, M=None) -> CheckResult:
     return CheckResult("field_dpi", value, 0.0, bool(value > 0), ">", statement, details)
 
 
-def check_roots_at_scale(graph_for_T: Callable, prior, T_values, lr1: float = 2.0, steps1: int = 300,
-                         beta0: float = 1e-3, eps=None, tol: float = 0.1) -> CheckResult:
-    """In-context roots under field-driven Stage 1, as ``T`` grows.
+def _in_context_roots(graph) -> list:
+    """Roots other than the query that can attend to two or more positions (``0 < i < T-1``)."""
+    return [int(i) for i in graph.roots if 0 < i < graph.T - 1]
 
-    For each ``T``: the field's root rows (largest ``|J(P_i) S M_i|`` at
-    ``A1 = 0`` over in-context roots), and the largest total-variation
-    distance to uniform of a root row after ``steps1`` field-driven steps
-    (``A1_i += lr1·S·J(P_i) M_i``). Value: the distance at the largest ``T``
-    (threshold ``tol``); details: the whole sweep and whether it shrinks.
+
+def root_drive_ratio(task: Task, eps=None, M=None) -> float:
+    """The in-context roots' first-order drive relative to the non-roots' (Knowl 3.3; DESIGN §12).
+
+    ``median_{i ∈ roots} (i+1)·‖J(P_i) S M_i‖ / median_{i ∈ non-roots} (i+1)·‖J(P_i) S M_i‖`` at
+    ``A1 = 0`` (``P_i`` uniform over ``i+1`` positions; ``(i+1)`` undoes the ``1/(i+1)`` of ``J``),
+    roots ``0 < i < T-1``. NaN when the task has no such root or no non-root context row.
     """
-    statement = "in-context root rows carry no first-order signal and stay near uniform as T grows"
-    rows = {"T": [], "t_eff": [], "root_field_norm": [], "root_tv_after_stage1": []}
+    roots, ctx = _in_context_roots(task.graph), [int(i) for i in _context_rows(task.graph)]
+    if not roots or not ctx:
+        return float("nan")
+    if M is None:
+        M = stage1_field(task, eps).M
+    P = first_layer_attention(np.zeros((task.T, task.T)))
+    drive = (np.arange(task.T) + 1.0) * np.linalg.norm(jacobian_rows(P, task.S * M), axis=1)
+    return float(np.median(drive[roots]) / np.median(drive[ctx]))
+
+
+def default_roots_T(S: int, top: int = 160) -> list:
+    """Default ``T`` of :func:`check_roots_at_scale`: doubling from 10 to ``top`` (S = 2), to 80 (S = 3), to 40."""
+    top = top if S <= 2 else min(top, 80 if S == 3 else 40)
+    return [int(T) for T in (10, 20, 40, 80, 160, 320, 640) if T <= top]
+
+
+def check_roots_at_scale(graph_for_T: Callable, prior, T_values=None, lr1: float = 2.0, steps1: int = 300,
+                         beta0: float = 1e-3, eps=None, name: str = "roots_at_scale",
+                         hypotheses="auto") -> CheckResult:
+    """In-context roots carry no first-order signal, as ``T`` grows (Knowl 3.3), from the Stage-1 field.
+
+    For each ``T`` of the sweep (default :func:`default_roots_T`): the roots' drive ratio
+    (:func:`root_drive_ratio`), and the largest total-variation distance to uniform of an in-context
+    root row after ``steps1`` field-driven Stage-1 steps (``A1_i += lr1·S·J(P_i) M_i``, natural units).
+
+    Value: the fitted exponent of the drive ratio against ``T_eff``; threshold 0. Status:
+    ``"not_applicable"`` when no graph of the sweep has an in-context root that can attend to two or
+    more positions (a chain: its only in-context root is position 0); ``"pass"`` when both the drive
+    ratio and the drift shrink with ``T`` (negative fitted exponent, last below first); ``"fail"``
+    otherwise; ``"inconclusive"`` when an assumption it needs fails (the uniform mean, Knowl 10.3:
+    without it a sticky mean ``E[tr π] > 1`` rewards self-attention on every row and the drive does
+    not fall).
+    """
+    statement = ("in-context root rows carry no first-order signal (Knowl 3.3): their drive relative to "
+                 "non-roots and their drift after Stage 1 shrink with T")
+    if T_values is None:
+        T_values = default_roots_T(prior.S)
+    T_values = sorted(int(T) for T in T_values)
+    rows = {"T": [], "t_eff": [], "root_drive_ratio": [], "root_tv_after_stage1": [], "root_field_norm": []}
+    last = None
     for T in T_values:
         task = Task(graph_for_T(int(T)), prior)
-        roots = [int(i) for i in task.graph.roots if 0 < i < task.T - 1]
-        if not roots:
+        roots = _in_context_roots(task.graph)
+        if not roots or _context_rows(task.graph).size == 0:
             continue
+        last = task
         M = stage1_field(task, eps).M
         A1 = np.zeros((task.T, task.T))
-        P0 = first_layer_attention(A1)
-        j0 = jacobian_rows(P0, task.S * M)
+        j0 = jacobian_rows(first_layer_attention(A1), task.S * M)
         eta1 = lr1 * task.S * task.T / beta0
         for _ in range(steps1):
             A1 = A1 - eta1 * field_grad_A1(M, A1, beta0)
         P = first_layer_attention(A1)
-        tv = max(float(0.5 * np.abs(P[i, : i + 1] - 1.0 / (i + 1)).sum()) for i in roots)
         rows["T"].append(int(T))
         rows["t_eff"].append(float(task.t_eff))
+        rows["root_drive_ratio"].append(root_drive_ratio(task, M=M))
+        rows["root_tv_after_stage1"].append(
+            max(float(0.5 * np.abs(P[i, : i + 1] - 1.0 / (i + 1)).sum()) for i in roots))
         rows["root_field_norm"].append(float(max(np.linalg.norm(j0[i]) for i in roots)))
-        rows["root_tv_after_stage1"].append(tv)
-    if not rows["T"]:
-        return not_applicable("roots_at_scale", statement, "no graph of the sweep has an in-context root")
-    tvs = rows["root_tv_after_stage1"]
-    details = dict(sweep=rows, shrinks_with_T=bool(tvs[-1] <= tvs[0]), lr1=lr1, steps1=steps1)
-    return _result("roots_at_scale", tvs[-1], tol, "<=", statement, details)
+    if len(rows["T"]) < 2:
+        return not_applicable(name, statement, "fewer than two graphs of the sweep have an in-context root that "
+                                               "can attend to two or more positions and a non-root row "
+                                               "(a chain's only in-context root is position 0)")
+    fit_r = fit_power_law(rows["t_eff"], rows["root_drive_ratio"])
+    fit_tv = fit_power_law(rows["t_eff"], rows["root_tv_after_stage1"])
+    r, tv = rows["root_drive_ratio"], rows["root_tv_after_stage1"]
+    shrinks_r = bool(r[-1] < r[0] * (1 - 1e-9) and fit_r.exponent < 0)
+    shrinks_tv = bool(tv[-1] < tv[0] * (1 - 1e-9) and fit_tv.exponent < 0)
+    details = dict(sweep=rows, drive_ratio_exponent=fit_r.exponent, drive_ratio_exponent_stderr=fit_r.stderr,
+                   tv_exponent=fit_tv.exponent, drive_ratio_shrinks=shrinks_r, tv_shrinks=shrinks_tv,
+                   lr1=lr1, steps1=steps1, beta0=beta0,
+                   note="drive ratio: median over in-context roots of (i+1)|J(P_i) S M_i| at A1 = 0 over the "
+                        "same median over non-roots; theory ~ 1/T under a uniform mean")
+    res = CheckResult(name, float(fit_r.exponent), 0.0, shrinks_r and shrinks_tv, "<", statement, details)
+    if hypotheses == "auto":
+        hypotheses = measure_hypotheses(last)
+    return within_hypotheses(res, hypotheses, NEEDS["roots_at_scale"])

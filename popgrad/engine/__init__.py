@@ -14,6 +14,7 @@
 * :mod:`.reference` -- NumPy references of every engine;
 * :mod:`.field` -- the Stage-1 field (DESIGN §12): ``stage1_field`` by enumeration or count generating
   functions, no ``S**T``;
+* :mod:`.floor` -- the exact floor of the ε-perturbed loss (water-filling, DESIGN §15);
 * :mod:`.options` -- :class:`EngineOptions`, the engines' tunables in one object;
 * :mod:`._args` -- validation of the engines' arguments (``validate``, ``options_or_default``);
 * :mod:`.result` -- :class:`LossAndGrad` and the one softmax-Jacobian finish;
@@ -40,6 +41,7 @@ from .baselines import (
     optimal_loss,
     optimal_loss_multi,
 )
+from .floor import floor_loss
 from .field import Stage1Field, field_atoms, stage1_field, stage1_field_from_atoms, stage1_field_numpy
 from .options import DEFAULT_OPTIONS, ENGINES, EngineOptions
 from .reference import exact_loss_and_grad_numpy
@@ -50,7 +52,7 @@ __all__ = [
     "exact_loss_and_grad", "exact_loss", "exact_loss_and_grad_numpy", "sampled_loss_and_grad", "clear_caches",
     "LossAndGrad", "EngineOptions", "DEFAULT_OPTIONS", "ENGINES", "symmetry_applies", "canonical_count",
     "canonical_sequences", "Stage1Field", "stage1_field", "stage1_field_from_atoms", "stage1_field_numpy",
-    "field_atoms", "exact_loss_and_grad_multi", "exact_loss_multi", "exact_loss_and_grad_multi_numpy",
+    "field_atoms", "floor_loss", "exact_loss_and_grad_multi", "exact_loss_multi", "exact_loss_and_grad_multi_numpy",
     "optimal_loss", "bayes_loss", "count_estimator_predict", "count_estimator_loss", "construction_params",
     "construction_loss", "optimal_loss_multi", "bayes_loss_multi", "count_estimator_loss_multi",
     "construction_loss_multi",

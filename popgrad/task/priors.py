@@ -178,7 +178,7 @@ class PriorDiagnostics(NamedTuple):
     def summary(self) -> str:
         sym = str(self.symmetric)
         return (
-            f"gamma={self.gamma:.4g} (min pi = gamma/S), "
+            f"gamma={self.gamma:.4g} (min pi = gamma/S; Knowl 10.1 with gamma >= 0.1: {self.gamma >= 0.1}), "
             f"non-degeneracy={self.nondegeneracy:.4g} (>= gamma^2/S: {self.nondegenerate}), "
             f"relabeling-symmetric={sym}, "
             f"uniform mean={self.uniform_mean} (max |E[pi]-1/S| = {self.uniform_mean_error:.3g})"
@@ -505,7 +505,8 @@ def closed_under_relabeling(atoms, weights, tol: float = 1e-10, weight_tol: floa
 
 # ----------------------------------------------------------------- builders
 def dirichlet_prior(
-    S: int, alpha: float, n_atoms: int, seed: int, symmetrize: bool = True, uniform_mean: bool = False
+    S: int, alpha: float, n_atoms: int, seed: int, symmetrize: bool = True, uniform_mean: bool = False,
+    floor: float = 0.0,
 ) -> FinitePrior:
     """A finite prior of row-wise Dirichlet(α) transition matrices.
 
@@ -535,8 +536,18 @@ def dirichlet_prior(
         uniform (in Kullback-Leibler divergence) that satisfy the constraint.
         Raises ``ValueError`` if every draw has ``tr π < 1`` (or every
         ``> 1``): draw more atoms or change the seed.
+    floor : float in [0, 1), default 0
+        Mix every draw with the uniform matrix, ``π = (1 - floor)·D + floor·11ᵀ/S``,
+        before the tilt: then ``min π ≥ floor/S``, i.e. Knowl 10.1 holds with
+        ``γ ≥ floor`` whatever ``alpha`` (DESIGN §15). The mixture keeps a
+        uniform mean uniform and shrinks the non-degeneracy sum by ``(1 - floor)²``
+        (Knowl 10.2 asks ``≥ γ²/S``: a floor above about ``1/(1 + √S)`` can break it).
     """
     S, alpha, n_atoms = dirichlet_arguments(S, alpha, n_atoms)
+    floor = as_real(floor, "floor", minimum=0, hint=" (the weight of the uniform matrix in each draw)")
+    if floor >= 1:
+        raise ValueError(f"floor must be in [0, 1), got {floor}: floor = 1 makes every draw uniform "
+                         "(no structure to learn)")
     rng = np.random.default_rng(seed)
     atoms = rng.dirichlet(np.full(S, alpha), size=(int(n_atoms), int(S)))
     # Renormalise to remove the last-ulp drift of the sampler.
@@ -545,6 +556,9 @@ def dirichlet_prior(
         raise ValueError(
             f"Dirichlet draws with alpha={alpha} underflowed to NaN; use a larger alpha"
         )
+    if floor > 0:
+        atoms = (1.0 - floor) * atoms + floor / S
+        atoms = atoms / atoms.sum(axis=2, keepdims=True)
     if uniform_mean and not symmetrize:
         raise ValueError("uniform_mean=True needs symmetrize=True (only a relabeling-closed prior has a uniform mean)")
     draw_weights = _uniform_mean_tilt(atoms) if uniform_mean else None

@@ -228,7 +228,7 @@ def test_broken_pipe_keeps_the_report(tmp_path):
 
 
 # ---------------------------------------------------- 7. before anything is written
-@pytest.mark.parametrize("args", [["--checkpoint-every", "-1"], ["--alpha", "0.03", "--gradient", "idealized"],
+@pytest.mark.parametrize("args", [["--checkpoint-every", "-1"], ["--alpha", "0.03", "--floor", "0", "--gradient", "idealized"],
                                   ["--alpha", "-1"], ["--lr1", "nan"], ["--resume"]])
 def test_late_checks_write_nothing(tmp_path, capsys, args):
     rc = _cli(tmp_path, *args)
@@ -237,7 +237,7 @@ def test_late_checks_write_nothing(tmp_path, capsys, args):
 
 
 def test_exact_run_with_reducible_draws_does_not_blame_idealized(tmp_path, capsys):
-    assert _cli(tmp_path, "--alpha", "0.03") == 0
+    assert _cli(tmp_path, "--alpha", "0.03", "--floor", "0") == 0  # raw draws: reducible
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     align = [c for c in report["checks"] if c["name"] == "gradient_alignment"][0] if isinstance(report["checks"], list) \
         else report["checks"]["gradient_alignment"]

@@ -12,10 +12,14 @@ def small_task(graph=None, S=2, n_atoms=2, seed=0, symmetrize=True):
 
 
 def test_head_specialization_check():
-    task = small_task(pg.two_parent(7))
+    task = small_task(pg.two_parent(7), symmetrize="full")  # uniform mean: inside the hypotheses
     A1, _ = baselines.construction_params(task.graph, 2, 8.0, 1.0)
     res = checks.check_head_specialization(task, A1)
-    assert res.passed and res.value == 1.0 and res.applicable
+    assert res.passed and res.value == 1.0 and res.applicable and res.status == "pass"
+    # the same heads under a prior without a uniform mean: the value stands, the verdict is withheld
+    off = checks.check_head_specialization(small_task(pg.two_parent(7)), A1)
+    assert off.status == "inconclusive" and off.passed is None and off.value == 1.0
+    assert "uniform mean fails" in off.reason and "Knowl 10.3" in off.reason
     assert res.details["assignment_head_to_slot"] == {0: 0, 1: 1}
     assert res.details["slot_by_head_and_row"][1] == {i: 1 for i in (2, 3, 4, 5, 6)}
     swapped = checks.check_head_specialization(task, A1[::-1])
@@ -27,6 +31,7 @@ def test_head_specialization_check():
     na = checks.not_applicable("gradient_alignment", "stmt", "no idealized gradient for k heads")
     d = na.to_dict()
     assert d["applicable"] is False and d["value"] is None and d["details"]["reason"].startswith("no idealized")
+    assert d["status"] == "not_applicable" and d["passed"] is None and d["reason"].startswith("no idealized")
 
 
 def test_loss_convergence_and_roots_multi():
@@ -36,5 +41,8 @@ def test_loss_convergence_and_roots_multi():
     A1, A2 = baselines.construction_params(task.graph, 2, 8.0, 3.0)
     res = checks.check_loss_convergence(task, A1, A2, beta0=1.0, references=refs)
     assert res.name == "loss_convergence" and res.details["loss_final"] == pg.exact_loss(task, A1, A2)
-    roots = checks.check_roots(task, A1)
-    assert roots.passed and roots.value == 0.0
+    roots = checks.check_roots(task, A1)  # root 1 attends to {0, 1} uniformly at the construction
+    assert roots.status == "inconclusive" and roots.value == 0.0 and "uniform mean" in roots.reason
+    full = small_task(pg.two_parent(6), symmetrize="full")
+    roots = checks.check_roots(full, A1)
+    assert roots.passed and roots.value == 0.0 and roots.status == "pass"
