@@ -143,3 +143,51 @@ def test_field_dpi_with_a_given_field_and_a_losing_parent():
     M[3, 0] = 0.3  # now (0.4 - 0.3)/0.4 = 0.25 on row 3, and row 2's 0.6
     res = check_field_dpi(task, M=M)
     assert abs(res.value - 0.25) <= 1e-15 and res.passed
+
+
+def test_field_dpi_details_and_a_tie():
+    """Every detail of a given field by hand; a parent that only ties (margin 0) does not pass (``>``)."""
+    task = pg.Task(pg.chain(5), pg.dirichlet_prior(2, 1.0, 2, seed=3))
+    S = task.S
+    M = np.tril(np.full((5, 5), 0.1))
+    M[2, 1], M[2, 0], M[2, 2] = 0.5, 0.2, 0.3
+    M[3, 2], M[3, 0], M[3, 1], M[3, 3] = 0.4, 0.25, 0.1, 0.7
+    res = check_field_dpi(task, M=M)
+    g = pg.idealized_gradient(task)
+    for i, p in ((1, 0), (2, 1), (3, 2)):
+        row = res.details["per_row"][i]
+        assert row["parent"] == p and row["field_argmax"] == int(np.argmax(S * M[i, :i]))
+        assert row["g_argmax"] == int(np.argmax(g[i, :i]))
+        assert abs(row["field_diagonal_over_parent"] - M[i, i] / M[i, p]) <= 1e-15
+        assert abs(row["g_diagonal_over_parent"] - g[i, i] / g[i, p]) <= 1e-12
+    g_margins = [(g[i, i - 1] - max(g[i, j] for j in range(i - 1))) / abs(g[i, i - 1]) for i in (2, 3)]
+    assert abs(res.details["min_g_margin"] - min(g_margins)) <= 1e-12
+    assert abs(res.details["per_row"][2]["g_margin"] - g_margins[0]) <= 1e-12
+    assert abs(res.value - (0.4 - 0.25) / 0.4) <= 1e-15 and res.details["min_field_margin"] == res.value
+    assert res.details["parent_is_field_argmax_everywhere"] and res.passed
+    M[3, 0] = 0.4  # a tie with the parent: margin exactly 0
+    res = check_field_dpi(task, M=M)
+    assert res.value == 0.0 and not res.passed
+    assert not res.details["parent_is_field_argmax_everywhere"]  # np.argmax takes the first of the tie, j = 0
+
+
+def test_field_dpi_not_applicable_without_competitors():
+    """Rows whose only earlier position is the parent: nothing to compare."""
+    task = pg.Task(pg.chain(3), pg.dirichlet_prior(2, 1.0, 2, seed=3))  # context rows: 1 (only j = 0 = parent)
+    res = check_field_dpi(task)
+    assert not res.applicable
+
+
+def test_graph_recovery_at_the_threshold_passes():
+    """``softmax(A1)[1, 0] = 1/2`` exactly and ``1 - C/T = 1/2`` (C = 2, T = 4): ``>=`` passes, ``>`` would not."""
+    task = pg.Task(pg.chain(4), pg.dirichlet_prior(2, 1.0, 2, seed=0))
+    A1 = np.zeros((4, 4))
+    A1[2, 1] = 2.0
+    res = check_graph_recovery(task, A1, C=2.0)
+    assert res.value == 0.5 and res.threshold == 0.5 and res.passed
+    assert not check_graph_recovery(task, A1, C=1.9).passed
+
+
+def test_graph_recovery_not_applicable_without_non_roots():
+    task = pg.Task(pg.CausalGraph([-1, -1, -1]), pg.dirichlet_prior(2, 1.0, 2, seed=0))
+    assert not check_graph_recovery(task, np.zeros((3, 3))).applicable
