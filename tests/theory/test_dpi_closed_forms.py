@@ -124,8 +124,17 @@ def random_chains():
 
 #: Nearly uniform: γ comes from the deviation, ``γ = sqrt(S‖π - 1μᵀ‖²)``, so ``‖π - 1μᵀ‖² ≥ γ²/S`` is an equality.
 NEAR_UNIFORM = np.array([[0.36, 0.33, 0.31], [0.32, 0.35, 0.33], [0.33, 0.31, 0.36]])
-CHAINS = [CE_RARE, CE_SIGMA2] + random_chains() + [NEAR_UNIFORM]
-IDS = ["CE_RARE", "CE_SIGMA2"] + [f"random{k}" for k in range(4)] + ["near_uniform"]
+
+
+def flip(a):
+    return np.array([[1.0 - a, a], [a, 1.0 - a]])
+
+
+#: ``a = 0.2``: ``δ = 1 - 2a = 1 - γ`` (γ = 2a), the paper's ``α ≤ 1-γ`` with equality.
+#: ``a = 1/(2+√2)``: also ``(1-δ)/2 ‖π - 1μᵀ‖² = a(1-2a)² = 2a³ = γ³/(2S)``, the second half with equality.
+EDGES = [flip(0.2), flip(1.0 / (2.0 + np.sqrt(2.0)))]
+CHAINS = [CE_RARE, CE_SIGMA2] + random_chains() + [NEAR_UNIFORM] + EDGES
+IDS = ["CE_RARE", "CE_SIGMA2"] + [f"random{k}" for k in range(4)] + ["near_uniform", "flip_0.2", "flip_edge"]
 
 
 def close(a, b):
@@ -153,6 +162,17 @@ def test_every_reading_equals_its_closed_form(pi):
         assert r.at_least_gamma3 == (value >= gamma**3 / (2 * S) - slack)
     if gamma == np.sqrt(S * norms["plain"]):
         assert br.get("paper[dobrushin/plain]").norm_ok  # the equality case of Assumption 2
+
+
+@pytest.mark.parametrize("pi", EDGES, ids=["flip_0.2", "flip_edge"])
+def test_equality_cases_of_the_paper_claims_hold(pi):
+    """On the flip chains the paper's claims hold with equality (to rounding): they must count as holding."""
+    _, alphas, norms, gamma, _ = closed_forms(pi)
+    assert abs(alphas["dobrushin"] - (1.0 - gamma)) <= 1e-15
+    r = dpi.bound_readings(pi).get("paper[dobrushin/plain]")
+    assert r.alpha_ok and r.norm_ok and r.at_least_gamma3
+    if pi[0, 1] != 0.2:
+        assert abs(r.value - gamma**3 / 4) <= 1e-15 and abs(gamma - np.sqrt(2 * norms["plain"])) <= 1e-15
 
 
 def test_CE_RARE_pinned_figures():
