@@ -191,3 +191,16 @@ def test_graph_recovery_at_the_threshold_passes():
 def test_graph_recovery_not_applicable_without_non_roots():
     task = pg.Task(pg.CausalGraph([-1, -1, -1]), pg.dirichlet_prior(2, 1.0, 2, seed=0))
     assert not check_graph_recovery(task, np.zeros((3, 3))).applicable
+
+
+def test_field_dpi_with_a_zero_parent_entry():
+    """``M[i, p(i)] = 0`` exactly: no ratio (None) and a margin of ``-inf`` (the parent cannot win)."""
+    task = pg.Task(pg.chain(5), pg.dirichlet_prior(2, 1.0, 2, seed=3))
+    M = np.tril(np.full((5, 5), 0.1))
+    M[2, 1] = 0.5
+    M[3, 2] = 0.0
+    res = check_field_dpi(task, M=M)
+    row = res.details["per_row"][3]
+    assert row["field_diagonal_over_parent"] is None and row["field_margin"] == -np.inf
+    assert res.value == -np.inf and not res.passed
+    assert res.details["per_row"][2]["field_diagonal_over_parent"] == 0.1 / 0.5

@@ -9,6 +9,7 @@ Knowl 3 says ``S·M_i = g_i + O(T_eff^{-1/2})``, so the norm ratio
 instead of ``β0/(S·T)`` the ratio would tend to ``1/S``.
 """
 import numpy as np
+import pytest
 
 import popgrad as pg
 from popgrad.engine.field import field_grad_A1, stage1_field
@@ -60,3 +61,13 @@ def test_idealized_scale_is_beta0_over_S_T():
         want = -(beta0 / (S * T)) * (row - row.mean()) / (i + 1)
         np.testing.assert_allclose(d[i, : i + 1], want, rtol=0, atol=1e-15 * max(1.0, np.abs(want).max()))
         assert np.all(d[i, i + 1:] == 0)
+
+
+def test_a_given_g_is_used_and_checked():
+    task = pg.Task(pg.chain(6), PRIOR)
+    A1 = np.random.default_rng(5).normal(size=(6, 6))
+    g = pg.idealized_gradient(task)
+    np.testing.assert_array_equal(idealized_grad_A1(task, A1, 0.1, g=g), idealized_grad_A1(task, A1, 0.1))
+    np.testing.assert_array_equal(idealized_grad_A1(task, A1, 0.1, g=2 * g), 2 * idealized_grad_A1(task, A1, 0.1))
+    with pytest.raises(ValueError, match="g must have shape"):
+        idealized_grad_A1(task, A1, 0.1, g=g[:5, :5])
