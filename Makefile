@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.popgrad-installed
 
-.PHONY: demo test bench bench-deps install clean
+.PHONY: demo test bench bench-deps mutants install clean
 
 $(STAMP): setup.cfg setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ bench: $(STAMP)
 
 bench-deps: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[bench]'
+
+# Mutation check (mutation/README.md): wrong formulas planted in a copy, the tests that must catch them run.
+# Minutes, not seconds: not part of `make test` or CI.
+mutants: $(STAMP)
+	$(PY) mutation/mutants.py --all --out mutation/last_run.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

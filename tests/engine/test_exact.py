@@ -22,6 +22,7 @@ import popgrad as pg
 from popgrad.engine import multi, reference, single
 from popgrad.engine import baselines
 
+from ..profiles import budget
 from ..strategies import multi_tasks, run_engine, tasks
 
 
@@ -52,7 +53,7 @@ def kind_of(task):
 
 def for_each_example(max_examples, body):
     """Run ``body(data)`` under ``@given(st.data())`` with this test's own example budget."""
-    settings(max_examples=max_examples)(given(st.data())(body))()
+    settings(max_examples=budget(max_examples))(given(st.data())(body))()
 
 
 @st.composite

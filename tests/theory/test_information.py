@@ -25,8 +25,8 @@ TOL = 1e-12
 
 
 def many(n):
-    """``n`` examples, or more when the active profile asks for more (``thorough``)."""
-    return settings(max_examples=max(n, settings().max_examples))
+    """``n`` examples (``thorough`` multiplies them: tests/profiles.py)."""
+    return settings(max_examples=n)
 
 
 # ------------------------------------------------------------ strategies
