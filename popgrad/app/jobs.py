@@ -69,7 +69,7 @@ from .plots import (
 )
 from .report import build_report, write_report
 
-__all__ = ["DEFAULTS", "MULTI_PARENT_DEFAULTS", "MULTI_PARENT_GRAPHS", "CLIError", "build_task", "validate_config",
+__all__ = ["DEFAULTS", "MULTI_PARENT_DEFAULTS", "MULTI_PARENT_GRAPHS", "CLIError", "CLITypeError", "build_task", "validate_config",
            "run", "RUN_OUTPUTS", "EXIT_DIVERGED"]
 
 #: Every file ``popgrad run`` may write into ``--out`` (besides ``checkpoint.npz``); those a run does
@@ -125,8 +125,12 @@ MAX_S = 16
 MAX_T = 4096
 
 
-class CLIError(Exception):
-    """A user error: printed as one line, exit status 2."""
+class CLIError(ValueError):
+    """A user error (a ``ValueError``): printed as one line by the CLI, exit status 2."""
+
+
+class CLITypeError(CLIError, TypeError):
+    """A user error of the wrong type (a ``TypeError``, also a :class:`CLIError`)."""
 
 
 #: Defaults that replace :data:`DEFAULTS` for ``--graph ngram|two-parent`` unless given in the config
@@ -464,19 +468,107 @@ def _resolved_config(task, config):
     return replace(config, stage2=stage2)
 
 
-def connect_scheduler(address: str):
-    """A ``dask.distributed.Client`` connected to the scheduler at ``address`` (``popgrad run --scheduler``)."""
+#: Seconds a Dask scheduler has to send its handshake after the TCP connection is accepted (it sends it at once).
+HANDSHAKE_TIMEOUT = 5.0
+
+
+def check_scheduler_address(address) -> str:
+    """A Dask scheduler address (``tcp://HOST:PORT``, ``HOST:PORT``, ``tls://...``), or a one-line error."""
+    if not isinstance(address, str) or not address.strip():
+        raise CLIError(f"--scheduler {address!r} is empty: give an address such as tcp://127.0.0.1:8786")
+    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.registry import backends
+
+    address = address.strip()
+    try:
+        scheme, loc = parse_address(address, strict=False)
+        if scheme not in backends:
+            raise ValueError(f"unknown protocol {scheme!r} (known: {', '.join(sorted(backends))})")
+        if scheme in ("tcp", "tls", "ws", "wss"):
+            parse_host_port(loc)
+    except (ValueError, TypeError) as exc:
+        raise CLIError(f"--scheduler {address!r} is not a Dask scheduler address ({_first_line(exc)}): "
+                       "use tcp://HOST:PORT, e.g. tcp://127.0.0.1:8786") from None
+    return address
+
+
+def _first_line(exc) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _probe_tcp(address: str, timeout: float) -> None:
+    """Refuse, within ``timeout`` seconds, a TCP address where nothing listens or that is not a Dask scheduler.
+
+    A Dask scheduler writes its handshake (an 8-byte little-endian length, then a small message) as
+    soon as a connection is accepted; a server that stays silent or sends something else is not one.
+    """
+    import socket
+
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    scheme, loc = parse_address(address, strict=False)
+    if scheme != "tcp":
+        return
+    host, port = parse_host_port(loc)
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or _first_line(exc))
+        raise CLIError(f"cannot connect to the Dask scheduler at {address}: {why}: start one "
+                       "(dask scheduler) or check --scheduler") from None
+    try:
+        sock.settimeout(timeout)
+        head = b""
+        while len(head) < 8:
+            chunk = sock.recv(8 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except OSError:  # a timeout (silent server) or a reset
+        head = None
+    finally:
+        sock.close()
+    if head is None or len(head) < 8:
+        what = "did not answer" if head is None else "closed the connection"
+        raise CLIError(f"{address} accepted a connection but {what} as a Dask scheduler does within "
+                       f"{timeout:g} s: it is not a Dask scheduler (check the host and port; the default port is 8786)")
+    if not 0 < int.from_bytes(head, "little") < 2**24:
+        raise CLIError(f"{address} answered, but not with the Dask protocol ({head!r}): it is not a Dask scheduler "
+                       "(check the host and port; the default port is 8786)")
+
+
+def connect_scheduler(address: str, worker_timeout: float = 60.0, log=None):
+    """A ``dask.distributed.Client`` of the scheduler at ``address`` with at least one worker, or a one-line
+    :class:`CLIError` within about ``HANDSHAKE_TIMEOUT + worker_timeout`` seconds (no hang on a wrong
+    address, a server that is not a scheduler, or a scheduler without workers). ``popgrad run`` and
+    ``popgrad sweep`` both use it."""
+    address = check_scheduler_address(address)
+    _probe_tcp(address, HANDSHAKE_TIMEOUT)
     from dask.distributed import Client  # imported only when asked for
 
     try:
-        return Client(address, timeout="20s")
-    except (OSError, TimeoutError) as exc:
-        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CLIError(f"cannot connect to the Dask scheduler at {address}: {why}") from None
+        client = Client(address, timeout=f"{max(HANDSHAKE_TIMEOUT, 1.0)}s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise CLIError(f"cannot connect to the Dask scheduler at {address}: {_first_line(exc)}") from None
+    try:
+        if not client.scheduler_info().get("workers"):
+            if log is not None:
+                log(f"Dask scheduler {address} has no workers yet: waiting up to {worker_timeout:g} s for one")
+            try:
+                client.wait_for_workers(1, timeout=worker_timeout)
+            except (TimeoutError, OSError):
+                raise CLIError(f"the Dask scheduler at {address} has no workers after {worker_timeout:g} s: start "
+                               f"one (NUMBA_NUM_THREADS=1 dask worker {address} --nthreads 1), raise "
+                               "--worker-timeout, or drop --scheduler") from None
+    except BaseException:
+        client.close()
+        raise
+    return client
 
 
 def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figures: bool = True,
-        client=None, scheduler: str | None = None) -> dict:
+        client=None, scheduler: str | None = None, worker_timeout: float = 60.0) -> dict:
     """The main job for any task kind. Returns the report dictionary; ``figures=False`` skips the PNG
     figures (``popgrad sweep``). ``client`` (a ``dask.distributed.Client``), or ``scheduler`` (an address
     to connect to, closed at the end): split the training's exact enumerations over its workers
@@ -488,7 +580,8 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figur
     run still writes its report (``report["trajectory"]["status"] == "diverged"``).
     """
     if client is None and scheduler:
-        client = connect_scheduler(scheduler)
+        prepare(dict(cfg), resume)  # every check of the settings first: no wait for a scheduler to hear of --S
+        client = connect_scheduler(scheduler, worker_timeout, log)
         try:
             return run(cfg, resume, progress, log, figures, client=client)
         finally:
@@ -520,6 +613,8 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figur
             results, extra = (_checks_multi if multi else _checks_single)(cfg, task, traj, A1_hat, refs, objective)
         extra = {"timing_seconds": {"training": t_train, "total": time.perf_counter() - t0}, **extra}
         report = build_report(cfg, task, traj, results, refs, extra)
+        if diverged:  # no check ran: a diverged run is never "all passed" (a sweep row would count it a success)
+            report["all_passed"] = False
 
         stage = od.staging
         traj.save(os.path.join(stage, "trajectory.npz"))
