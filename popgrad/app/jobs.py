@@ -440,9 +440,40 @@ def validate_config(cfg: dict):
         as_int(cfg["checkpoint_every"], "--checkpoint-every", minimum=0)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    check_sample_size(cfg, task)
     train_kwargs = _train_kwargs(cfg, multi)
     (MultiHeadTrainConfig if multi else TrainConfig)(**train_kwargs).validate()
     return task, train_kwargs
+
+
+def _memory_bytes() -> int | None:
+    """This machine's physical memory in bytes, or ``None`` where unknown."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 2**10:.1f} KiB"
+
+
+def check_sample_size(cfg: dict, task) -> None:
+    """Refuse a sampled Stage 2 whose sample cannot fit in memory: ``--samples`` x (T tokens + 2 S
+    label weights) x 8 bytes, against half of this machine's memory."""
+    n = cfg.get("samples", 0)
+    if cfg.get("stage2") != "sampled" or not n or cfg.get("steps2", 0) == 0:
+        return
+    need = n * (task.T + 2 * task.S) * 8
+    memory = _memory_bytes()
+    if memory is not None and need > memory // 2:
+        most = max(2, memory // 2 // ((task.T + 2 * task.S) * 8))
+        raise CLIError(f"--samples {n:,} needs about {_size(need)} for the Stage-2 sample (n x (T + 2S) x 8 bytes), "
+                       f"more than half of this machine's {_size(memory)}: use --samples {most:,} or fewer, or "
+                       "--samples 0 (chosen from a pilot sample for a standard error of 1e-3)")
 
 
 def prepare(cfg: dict, resume: bool):

@@ -120,6 +120,9 @@ MAX_WORKERS_PER_CORE = 4
 # -------------------------------------------------------------------- spec
 def load_spec(path) -> dict:
     """Read a sweep spec from a TOML file (sections ``[fixed]``, ``[axes]``, ``[[cells]]``)."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise CLITypeError(f"a sweep spec is a table with [fixed], [axes], [[cells]] or the path of a TOML file, "
+                           f"got {type(path).__name__}")
     return load_toml(path, "sweep spec")
 
 
