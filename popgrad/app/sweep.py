@@ -87,6 +87,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import math
 import os
 import platform
@@ -409,7 +410,9 @@ def _start_client(scheduler, workers, n_cells, worker_timeout, log):
 
     n = max(1, min(workers or os.cpu_count() or 1, n_cells))
     with shield_children():  # a terminal Ctrl-C reaches this process only; it closes the workers
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, env=worker_env())
+        # Dask's warnings of an orderly shutdown (cancelled cells, a busy worker killed) are not the user's news
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, env=worker_env(),
+                               silence_logs=logging.ERROR)
     try:
         return Client(cluster), cluster
     except BaseException:
