@@ -66,6 +66,7 @@ from .plots import (
     plot_head_attention,
     plot_head_attention_to_parent,
     plot_loss,
+    run_context,
 )
 from .report import build_report, write_report
 
@@ -405,17 +406,20 @@ def _checks_multi(cfg, task, traj, A1_hat, refs, objective=None):
     return results, extra
 
 
-def _plots_single(out, task, traj, A1_hat, refs):
-    plot_attention(task.graph, A1_hat, os.path.join(out, "attention.png"))
-    plot_loss(traj, refs, os.path.join(out, "loss.png"))
-    plot_cosine(traj, os.path.join(out, "gradient_cosine.png"))
-    plot_attention_to_parent(traj, task.graph, os.path.join(out, "attention_to_parent.png"))
+def _plots_single(out, task, traj, A1_hat, refs, context=""):
+    how = {"field": "trained on the first-order field", "idealized": "trained on the idealized gradient"}.get(
+        getattr(traj.config, "gradient", "exact"), "trained on the exact gradient")
+    plot_attention(task.graph, A1_hat, os.path.join(out, "attention.png"), title=f"after Stage 1 ({how})",
+                   context=context)
+    plot_loss(traj, refs, os.path.join(out, "loss.png"), context=context)
+    plot_cosine(traj, os.path.join(out, "gradient_cosine.png"), context=context)
+    plot_attention_to_parent(traj, task.graph, os.path.join(out, "attention_to_parent.png"), context=context)
 
 
-def _plots_multi(out, task, traj, A1_hat, refs):
-    plot_head_attention(task.graph, A1_hat, os.path.join(out, "attention.png"))
-    plot_loss(traj, refs, os.path.join(out, "loss.png"))
-    plot_head_attention_to_parent(traj, task.graph, os.path.join(out, "attention_to_parent.png"))
+def _plots_multi(out, task, traj, A1_hat, refs, context=""):
+    plot_head_attention(task.graph, A1_hat, os.path.join(out, "attention.png"), context=context)
+    plot_loss(traj, refs, os.path.join(out, "loss.png"), context=context)
+    plot_head_attention_to_parent(traj, task.graph, os.path.join(out, "attention_to_parent.png"), context=context)
 
 
 def validate_config(cfg: dict):
@@ -650,10 +654,11 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figur
         stage = od.staging
         traj.save(os.path.join(stage, "trajectory.npz"))
         if figures:
+            context = run_context(cfg, task)
             if diverged:
-                plot_loss(traj, refs, os.path.join(stage, "loss.png"))
+                plot_loss(traj, refs, os.path.join(stage, "loss.png"), context=context)
             else:
-                (_plots_multi if multi else _plots_single)(stage, task, traj, A1_hat, refs)
+                (_plots_multi if multi else _plots_single)(stage, task, traj, A1_hat, refs, context)
         write_report(stage, report)
         try:
             od.commit()

@@ -258,7 +258,12 @@ def _sweep_proc(tmp_path, spec_text, *extra, **kw):
     spec = _spec_file(tmp_path, spec_text)
     return subprocess.Popen([sys.executable, "-m", "popgrad.app.cli", "sweep", spec, "--out", str(tmp_path / "o"),
                              "--no-progress", "--workers", "1", *extra], env=_env(), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint, **kw)
+
+
+def _default_sigint():
+    """In the child: SIGINT as at a terminal, even when the tests run in the background (where it is ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _leftovers(root):
