@@ -428,3 +428,46 @@ def test_converging_short_run_is_completed(tmp_path, capsys):
     rc = cli.main(["run", "--no-sweep", "--steps1", "20", "--steps2", "20", "--T", "6", "--no-progress",
                    "--out", str(tmp_path / "o")])
     assert rc == 0, capsys.readouterr().err
+
+
+# ------------------------------------------------------------------- 13. figures, no side effects on import
+def test_importing_plots_leaves_the_backend_alone():
+    code = ("import sys, matplotlib; matplotlib.use('svg'); import popgrad.app.plots, popgrad.app.jobs; "
+            "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend(); "
+            "assert 'matplotlib.pyplot' not in sys.modules; import signal; "
+            "assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL; assert sys.excepthook is sys.__excepthook__")
+    r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_figures_name_the_run_and_the_gradient(tmp_path):
+    from matplotlib.figure import Figure
+
+    import popgrad.app.plots as plots
+
+    made = []
+    real = plots.save_figure
+
+    def keep(fig, path, dpi=120):
+        made.append((os.path.basename(path), fig))
+        real(fig, path, dpi)
+
+    plots.save_figure = keep
+    try:
+        task = popgrad.Task(popgrad.chain(6), popgrad.dirichlet_prior(2, 1.0, 2, seed=0, symmetrize=True))
+        traj = popgrad.train_two_stage(task, gradient="field", steps1=20, steps2=0)
+        ctx = plots.run_context({"S": 2, "graph": "chain", "alpha": 1.0}, task)
+        plots.plot_attention(task.graph, traj.final_A1, str(tmp_path / "a.png"), context=ctx)
+        plots.plot_cosine(traj, str(tmp_path / "c.png"), context=ctx)
+        plots.plot_attention_to_parent(traj, task.graph, str(tmp_path / "p.png"), context=ctx)
+    finally:
+        plots.save_figure = real
+    assert ctx == "S = 2, T = 6, graph chain, α = 1"
+    figs = dict(made)
+    assert all(isinstance(f, Figure) for f in figs.values())
+    assert figs["a.png"]._suptitle.get_text() == ctx
+    assert figs["a.png"].axes[-1].get_ylabel() == plots.ATTENTION_LABEL  # the colorbar
+    cos_ax = figs["c.png"].axes[0]
+    assert "field" in cos_ax.get_ylabel() and "exact" not in cos_ax.get_ylabel() and ctx in cos_ax.get_title()
+    ticks = figs["p.png"].axes[0].get_xticks()
+    assert np.all(ticks == np.round(ticks))  # integer positions, integer ticks
