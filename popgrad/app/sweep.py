@@ -69,17 +69,26 @@ its cells are rescheduled on the surviving or restarted workers (up to
 a task that errs for another reason; a cell lost for good is recorded as
 failed. Every cell appears exactly once in ``results.csv``. CLI exit status:
 0 when every cell is ok, 1 when at least one failed (stderr says
-``K of N cells failed``), 2 for a bad spec or options, 130 on Ctrl-C
-(finished cells are kept; rerun to resume).
+``K of N cells failed``), 2 for a bad spec or options, an unusable or locked
+``--out``, a bad scheduler, a full disk; 130 on Ctrl-C, 143 on SIGTERM
+(finished cells are kept; rerun to resume; what the cut-short cells left
+behind is removed). ``DIR`` is locked for the sweep (:class:`popgrad._io.FolderLock`).
+
+Sizes: more than :data:`MAX_CELLS` cells, or ``--workers`` above
+:data:`MAX_WORKERS_PER_CORE` times the cores, is refused in one line.
 
 Cluster: ``--scheduler tcp://host:8786`` (``client=`` in Python) uses an
 existing cluster; ``DIR`` must then be at the same path on every worker (a
 shared file system) for ``cells/`` and resume, though ``results.csv`` is
 written by this process from the rows the tasks return. Without it a
 ``LocalCluster(n_workers=N or os.cpu_count(), threads_per_worker=1,
-processes=True)`` is started and closed, with ``NUMBA_NUM_THREADS=1`` in the
-workers' environment so that N workers do not oversubscribe N cores (and a
-cell's numbers do not depend on the thread count). Start remote workers the
+processes=True)`` (N at most the cells to run) is started and closed, with
+``NUMBA_NUM_THREADS=1`` in the workers' environment so that N workers do not
+oversubscribe N cores, and every cell starts with
+:func:`popgrad.engine.distributed.prepare_worker` (a worker that imported
+numba before that variable was set would otherwise fail). The workers are
+started with SIGINT blocked (a terminal Ctrl-C reaches the command, which
+closes them). Start remote workers the
 same way: ``NUMBA_NUM_THREADS=1 dask worker tcp://host:8786 --nthreads 1``.
 """
 from __future__ import annotations
