@@ -573,6 +573,50 @@ def _probe_tcp(address: str, timeout: float) -> None:
                        "(check the host and port; the default port is 8786)")
 
 
+#: Stage 1 with the field at T >= FIELD_ESTIMATE_MIN_T: the run first says how long the field will take,
+#: measured on this machine at the two sizes FIELD_ESTIMATE_SIZES and extrapolated.
+FIELD_ESTIMATE_MIN_T = 1024
+FIELD_ESTIMATE_SIZES = (256, 512)
+
+
+def estimate_field_seconds(cfg: dict, task, log=print):
+    """Seconds the Stage-1 field of ``task`` will take (computed once, before the first step), or ``None``.
+
+    Only for ``gradient = "field"`` at ``T >= FIELD_ESTIMATE_MIN_T``: the field of the same graph
+    family (a chain for a parents string) and prior is timed at the two sizes
+    :data:`FIELD_ESTIMATE_SIZES` and extrapolated as ``T^p`` (``p`` measured, between 2 and 4; the
+    counts method is ``O(K S^2 T^3)`` for a chain). Logs one line when it is more than a minute.
+    """
+    if cfg.get("gradient") != "field" or not isinstance(task, Task) or task.T < FIELD_ESTIMATE_MIN_T:
+        return None
+    from ..engine.field import stage1_field
+
+    family = graph_family(cfg["graph"], cfg["seed"]) or chain
+    stage1_field(Task(family(8), task.prior, max_sequences=task.max_sequences))  # kernels loaded: not timed
+    times = []
+    for T in FIELD_ESTIMATE_SIZES:
+        small = Task(family(T), task.prior, max_sequences=task.max_sequences)
+        t0 = time.perf_counter()
+        stage1_field(small)
+        times.append(max(time.perf_counter() - t0, 1e-6))
+    (T1, T2), (t1, t2) = FIELD_ESTIMATE_SIZES, times
+    p = min(4.0, max(2.0, math.log(t2 / t1) / math.log(T2 / T1)))
+    seconds = t2 * (task.T / T2) ** p
+    if seconds > 60:
+        log(f"Stage 1 at T = {task.T}: the first-order field is computed once before the first step, about "
+            f"{_duration(seconds)} on this machine (measured {t1:.2g} s at T = {T1} and {t2:.2g} s at T = {T2}, "
+            f"growing as T^{p:.1f}); a smaller --T is faster")
+    return seconds
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def connect_scheduler(address: str, worker_timeout: float = 60.0, log=None):
     """A ``dask.distributed.Client`` of the scheduler at ``address`` with at least one worker, or a one-line
     :class:`CLIError` within about ``HANDSHAKE_TIMEOUT + worker_timeout`` seconds (no hang on a wrong
@@ -627,6 +671,7 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figur
 
     if not kernels_cached():
         log("compiling kernels (first run only)…")
+    estimate_field_seconds(cfg, task, log)
     t0 = time.perf_counter()
     with OutputDir(out, outputs=RUN_OUTPUTS, flag="--out") as od:
         ckpt = od.keep("checkpoint.npz")

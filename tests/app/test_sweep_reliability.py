@@ -471,3 +471,18 @@ def test_figures_name_the_run_and_the_gradient(tmp_path):
     assert "field" in cos_ax.get_ylabel() and "exact" not in cos_ax.get_ylabel() and ctx in cos_ax.get_title()
     ticks = figs["p.png"].axes[0].get_xticks()
     assert np.all(ticks == np.round(ticks))  # integer positions, integer ticks
+
+
+def test_long_field_run_says_how_long(monkeypatch):
+    """A merely long run (the field at a large T) says up front how long, from a measurement on this machine."""
+    monkeypatch.setattr(jobs, "FIELD_ESTIMATE_MIN_T", 64)
+    monkeypatch.setattr(jobs, "FIELD_ESTIMATE_SIZES", (12, 24))
+    cfg = dict(jobs.DEFAULTS, S=2, T=4096, gradient="field")
+    task, _ = jobs.validate_config(cfg)
+    lines = []
+    seconds = jobs.estimate_field_seconds(cfg, task, log=lines.append)
+    assert seconds is not None and seconds > 0
+    if seconds > 60:
+        assert len(lines) == 1 and "T = 4096" in lines[0] and "measured" in lines[0] and "T = 24" in lines[0]
+    small = dict(jobs.DEFAULTS, S=2, T=32, gradient="field")
+    assert jobs.estimate_field_seconds(small, jobs.validate_config(small)[0], log=lines.append) is None
