@@ -27,7 +27,7 @@ from .. import __version__
 from .._signals import Terminated, cli_session, is_cli_process, say
 from ..train.config import GRADIENTS, SCHEDULES, STAGE2_METHODS
 from .config import check_value, load_config_file, resolve
-from .jobs import DEFAULTS, EXIT_DIVERGED, CLIError, build_task, run
+from .jobs import DEFAULTS, EXIT_DIVERGED, build_task, run
 
 
 # ------------------------------------------------------------------ config

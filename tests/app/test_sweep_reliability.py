@@ -19,7 +19,6 @@ import pytest
 
 import popgrad
 from popgrad.app import cli, jobs
-from popgrad.app.jobs import CLIError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = {"S": 2, "T": 4, "atoms": 2, "steps1": 5, "steps2": 5, "sweep": False}
