@@ -9,7 +9,9 @@ as it was. What this module offers:
   or ``python -m popgrad.app.cli``), never in a library user's process nor in
   a child process of the command (multiprocessing / Dask workers inherit the
   command's ``sys.argv`` but are not the command). Then a Ctrl-C while the
-  command is still importing prints one line and exits 130.
+  command is still importing prints one line and exits 130 (also when C code
+  turned the ``KeyboardInterrupt`` into another error: the command's SIGINT
+  handler notes that the signal came, :func:`sigint_seen`).
 * :func:`cli_session` -- the command's ``main`` (``run``, ``summary`` and
   ``sweep`` alike) runs inside it: SIGTERM becomes :class:`Terminated`
   (raised in the main thread, so ``finally`` blocks remove temporary files
@@ -31,10 +33,10 @@ import threading
 from contextlib import contextmanager
 
 __all__ = ["Terminated", "install_import_guard", "is_cli_process", "cli_session", "deferred", "shield_children",
-           "say"]
+           "say", "sigint_seen"]
 
 _CLI_MODULES = ("popgrad.app.cli", "popgrad")
-_STATE = {"guard": False, "session": False}
+_STATE = {"guard": False, "session": False, "sigint": False}
 
 
 class Terminated(BaseException):
@@ -51,8 +53,25 @@ def is_cli_process() -> bool:
     return any(a == "-m" and i + 1 < len(orig) and orig[i + 1] in _CLI_MODULES for i, a in enumerate(orig))
 
 
+def _on_sigint(signum, frame):
+    """The command's SIGINT handler: ``KeyboardInterrupt``, as Python's own, and a note that it came.
+
+    C code may turn the ``KeyboardInterrupt`` into another error (an import interrupted
+    inside ``PyCapsule_Import`` becomes an ``ImportError``); the note lets the command
+    still report the interrupt (one line, 130) instead of that error's traceback.
+    """
+    _STATE["sigint"] = True
+    raise KeyboardInterrupt
+
+
+def sigint_seen() -> bool:
+    """True once the command has received SIGINT (whatever exception it became)."""
+    return _STATE["sigint"]
+
+
 def _import_hook(exc_type, exc, tb, _previous=sys.excepthook):
-    if issubclass(exc_type, KeyboardInterrupt) and _STATE["guard"] and not _STATE["session"]:
+    interrupted = issubclass(exc_type, KeyboardInterrupt) or _STATE["sigint"]
+    if interrupted and _STATE["guard"] and not _STATE["session"]:
         sys.stderr.write("popgrad: interrupted (nothing was written)\n")
         sys.stderr.flush()
         os._exit(130)
@@ -64,6 +83,11 @@ def install_import_guard() -> None:
     if not _STATE["guard"] and is_cli_process() and sys.excepthook is sys.__excepthook__:
         sys.excepthook = _import_hook
         _STATE["guard"] = True
+        try:
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when SIGINT is ignored
+                signal.signal(signal.SIGINT, _on_sigint)
+        except (ValueError, OSError):  # not the main thread
+            pass
 
 
 def _raise_terminated(signum, frame):

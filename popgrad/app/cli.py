@@ -24,7 +24,7 @@ import os
 import sys
 
 from .. import __version__
-from .._signals import Terminated, cli_session, is_cli_process, say
+from .._signals import Terminated, cli_session, is_cli_process, say, sigint_seen
 from ..train.config import GRADIENTS, SCHEDULES, STAGE2_METHODS
 from .config import check_value, load_config_file, resolve
 from .jobs import DEFAULTS, EXIT_DIVERGED, build_task, run
@@ -210,6 +210,12 @@ def _command(args) -> int:
         what = "terminated" if isinstance(exc, Terminated) else "interrupted"
         print(f"popgrad: {what} ({kept})", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
+    except Exception:
+        if sigint_seen():  # a Ctrl-C that C code turned into another error (e.g. an interrupted import)
+            print("popgrad: interrupted (no checkpoint was written yet)" if out and args.command == "run"
+                  else "popgrad: interrupted", file=sys.stderr)
+            return 130
+        raise
     return 0
 
 

@@ -106,7 +106,7 @@ import traceback
 from collections.abc import Mapping
 
 from .._io import FolderLock, atomic_path, atomic_write_text, check_output_dir, clear_stale
-from .._signals import Terminated, say, shield_children
+from .._signals import Terminated, say, shield_children, sigint_seen
 from . import jobs
 from .config import ARG_SPECS, checked, load_toml, resolve
 from .jobs import DEFAULTS, CLIError, CLITypeError
@@ -577,6 +577,11 @@ def main_sweep(args) -> int:
         what = "terminated" if isinstance(exc, Terminated) else "interrupted"
         print(f"popgrad: {what} (finished cells are kept; rerun the same command to resume)", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
+    except Exception:
+        if sigint_seen():  # a Ctrl-C that C code turned into another error (e.g. an interrupted import)
+            print("popgrad: interrupted (finished cells are kept; rerun the same command to resume)", file=sys.stderr)
+            return 130
+        raise
     failed = int((df["status"] != "ok").sum())
     if failed:
         print(f"popgrad: {failed} of {len(df)} cells failed (see {os.path.join(args.out, 'results.csv')})",
