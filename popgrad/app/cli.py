@@ -192,6 +192,9 @@ def _command(args) -> int:
         else:
             report = run(cfg, resume=args.resume, progress=not args.no_progress, log=say,
                          scheduler=getattr(args, "scheduler", None), worker_timeout=args.worker_timeout)
+            if sigint_seen():  # a Ctrl-C that C code swallowed (it cleared the KeyboardInterrupt): still honoured
+                print("popgrad: interrupted (the run had already finished; the report is written)", file=sys.stderr)
+                return 130
             if report["trajectory"]["status"] != "completed":
                 print(f"popgrad: training diverged ({report['trajectory']['message']}); the report is written",
                       file=sys.stderr)
