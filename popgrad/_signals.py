@@ -11,7 +11,9 @@ as it was. What this module offers:
   command's ``sys.argv`` but are not the command). Then a Ctrl-C while the
   command is still importing prints one line and exits 130 (also when C code
   turned the ``KeyboardInterrupt`` into another error: the command's SIGINT
-  handler notes that the signal came, :func:`sigint_seen`).
+  handler notes that the signal came, :func:`sigint_seen`; one raised where
+  Python cannot propagate it, e.g. in an import-lock callback, is sent again
+  instead of printing "Exception ignored").
 * :func:`cli_session` -- the command's ``main`` (``run``, ``summary`` and
   ``sweep`` alike) runs inside it: SIGTERM becomes :class:`Terminated`
   (raised in the main thread, so ``finally`` blocks remove temporary files
@@ -64,6 +66,16 @@ def _on_sigint(signum, frame):
     raise KeyboardInterrupt
 
 
+def _unraisable(unraisable, _previous=sys.unraisablehook):
+    """A ``KeyboardInterrupt`` raised where Python cannot propagate it (a weakref callback of the import
+    system, a ``__del__``): no "Exception ignored" traceback; the signal is sent again, so the
+    interrupt reaches the command's own code at its next step."""
+    if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        return
+    _previous(unraisable)
+
+
 def sigint_seen() -> bool:
     """True once the command has received SIGINT (whatever exception it became)."""
     return _STATE["sigint"]
@@ -86,6 +98,8 @@ def install_import_guard() -> None:
         try:
             if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when SIGINT is ignored
                 signal.signal(signal.SIGINT, _on_sigint)
+                if sys.unraisablehook is sys.__unraisablehook__:
+                    sys.unraisablehook = _unraisable
         except (ValueError, OSError):  # not the main thread
             pass
 
