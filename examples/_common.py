@@ -2,18 +2,45 @@
 import argparse
 import os
 
+import numpy as np
+
 import popgrad as pg
 from popgrad import checks
 from popgrad.app.plots import plot_attention, plot_loss
 
 #: Algorithm 1 settings shared by the examples (natural units, see popgrad.dynamics).
 TRAIN = dict(beta0=1e-3, lr1=2.0, steps1=300, lr2=2.0, steps2=300)
+#: ``--quick`` (every example): half the steps -- a smoke test, same code path.
+QUICK_TRAIN = dict(TRAIN, steps1=150, steps2=150)
 
 
-def parser(description, out_default):
+def train_settings(quick: bool) -> dict:
+    """:data:`TRAIN`, or :data:`QUICK_TRAIN` for ``--quick``."""
+    return dict(QUICK_TRAIN if quick else TRAIN)
+
+
+def parser(description, out_default, quick_help="half the steps (a smoke test)"):
+    """The examples' argument parser: ``--out`` and ``--quick`` for every script."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--out", default=out_default, help="folder for the figures")
+    p.add_argument("--quick", action="store_true", help=quick_help)
     return p
+
+
+def finite_stats(a, axis=0):
+    """``(mean, sd, min, max, count)`` of the finite entries of ``a`` along ``axis``; NaN where there are
+    none (a root position has no parent), without NumPy's "Mean of empty slice" warnings."""
+    a = np.asarray(a, dtype=float)
+    ok = np.isfinite(a)
+    n = ok.sum(axis=axis)
+    some = n > 0
+    safe = np.maximum(n, 1)
+    mean = np.where(some, np.where(ok, a, 0.0).sum(axis=axis) / safe, np.nan)
+    dev = np.where(ok, a - np.expand_dims(np.where(some, mean, 0.0), axis), 0.0)
+    sd = np.where(some, np.sqrt((dev**2).sum(axis=axis) / safe), np.nan)
+    lo = np.where(some, np.where(ok, a, np.inf).min(axis=axis), np.nan)
+    hi = np.where(some, np.where(ok, a, -np.inf).max(axis=axis), np.nan)
+    return mean, sd, lo, hi, n
 
 
 def ensure_out(path):
@@ -28,10 +55,11 @@ def print_checks(results):
     log_checks(results, "(not written)", log=lambda line: None if line.startswith("report:") else print(line))
 
 
-def train_check_and_plot(task, out):
-    """Run Algorithm 1 with :data:`TRAIN`, print the checks, save attention and loss figures."""
+def train_check_and_plot(task, out, quick=False):
+    """Run Algorithm 1 with :data:`TRAIN` (:data:`QUICK_TRAIN` for ``quick``), print the checks, save
+    attention and loss figures."""
     print(task.summary())
-    traj = pg.train_two_stage(task, **TRAIN)
+    traj = pg.train_two_stage(task, **train_settings(quick))
     A1 = traj.A1[traj.stage1_end]
     refs = checks.reference_losses(task)
     print_checks([

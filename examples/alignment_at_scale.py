@@ -41,8 +41,7 @@ def random_branching(T, seed, branches=3):
 
 
 def main():
-    p = parser(__doc__, "examples_out/alignment_at_scale")
-    p.add_argument("--quick", action="store_true", help="T_eff up to 80 (smoke test)")
+    p = parser(__doc__, "examples_out/alignment_at_scale", quick_help="T_eff up to 80 (smoke test)")
     args = p.parse_args()
     out = ensure_out(args.out)
     families = {

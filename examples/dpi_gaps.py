@@ -61,6 +61,8 @@ def main():
     p.add_argument("--root-prob", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
+    if args.quick:
+        args.n_pi, args.n_trees = min(args.n_pi, 60), min(args.n_trees, 2)
     out = ensure_out(args.out)
 
     t0 = time.perf_counter()

@@ -84,7 +84,10 @@ def main():
     p.add_argument("--max-T2", type=int, default=18, help="largest T for S = 2")
     p.add_argument("--markdown", default=None, help="also write the table to this file (atomically)")
     p.add_argument("--out", default=None, help="folder for the table (gradient_alignment.md) and its figure")
+    p.add_argument("--quick", action="store_true", help="T up to 8 (S = 3) and 10 (S = 2): a smoke test")
     args = p.parse_args()
+    if args.quick:
+        args.max_T3, args.max_T2 = min(args.max_T3, 8), min(args.max_T2, 10)
     print(HEADER)
     text = table([(3, range(4, args.max_T3 + 1)), (2, range(4, args.max_T2 + 1))], args.beta0)
     if args.markdown:

@@ -12,7 +12,7 @@ def main():
     args = parser(__doc__, "examples_out/icl_function").parse_args()
     out = ensure_out(args.out)
     task = pg.Task(pg.icl_pairs(11), pg.dirichlet_prior(3, 1.0, 8, seed=1, uniform_mean=True))
-    train_check_and_plot(task, out)
+    train_check_and_plot(task, out, quick=args.quick)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ def main():
     args = parser(__doc__, "examples_out/induction_head").parse_args()
     out = ensure_out(args.out)
     task = pg.Task(pg.chain(10), pg.dirichlet_prior(3, 1.0, 8, seed=0))
-    train_check_and_plot(task, out)
+    train_check_and_plot(task, out, quick=args.quick)
 
 
 if __name__ == "__main__":

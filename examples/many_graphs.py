@@ -15,26 +15,26 @@ import numpy as np
 import popgrad as pg
 from popgrad.app.plots import save_figure
 
-from _common import TRAIN, ensure_out, parser
+from _common import ensure_out, finite_stats, parser, train_settings
 
 
 def main():
-    p = parser(__doc__, "examples_out/many_graphs")
+    p = parser(__doc__, "examples_out/many_graphs", quick_help="4 graphs, half the steps (a smoke test)")
     p.add_argument("--graphs", type=int, default=12)
     p.add_argument("--T", type=int, default=9)
     args = p.parse_args()
     out = ensure_out(args.out)
     prior = pg.dirichlet_prior(3, 1.0, 8, seed=3, uniform_mean=True)
     T = args.T
-    attn = np.full((args.graphs, T), np.nan)
-    for n in range(args.graphs):
+    n_graphs = min(args.graphs, 4) if args.quick else args.graphs
+    attn = np.full((n_graphs, T), np.nan)
+    for n in range(n_graphs):
         graph = pg.random_tree(T, seed=100 + n, root_prob=0.15)
-        traj = pg.train_two_stage(pg.Task(graph, prior), **dict(TRAIN, steps2=0))
+        traj = pg.train_two_stage(pg.Task(graph, prior), **dict(train_settings(args.quick), steps2=0))
         attn[n] = traj.attn_parent[traj.stage1_end]
-    mean = np.nanmean(attn, axis=0)
-    lo, hi = np.nanmin(attn, axis=0), np.nanmax(attn, axis=0)
+    mean, _, lo, hi, count = finite_stats(attn, axis=0)
     pos = np.arange(T)
-    ok = np.isfinite(mean)
+    ok = count > 0
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     ax.errorbar(pos[ok], mean[ok], yerr=[mean[ok] - lo[ok], hi[ok] - mean[ok]], fmt="o", capsize=3)
     ax.axhline(1 - 1 / T, ls="--", color="k", lw=0.8, label="1 - 1/T")
@@ -46,7 +46,7 @@ def main():
     print("position  mean     min")
     for i in pos[ok]:
         print(f"{i:8d}  {mean[i]:.4f}  {lo[i]:.4f}")
-    print(f"overall min attention to parent: {np.nanmin(attn):.4f} over {args.graphs} graphs")
+    print(f"overall min attention to parent: {np.nanmin(attn):.4f} over {n_graphs} graphs")
     print(f"figure in {out}")
 
 

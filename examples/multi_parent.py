@@ -80,10 +80,12 @@ def run(name, tag, task, out, A1_init=None, steps=3000):
 
 
 def main():
-    p = parser(__doc__, "examples_out/multi_parent")
+    p = parser(__doc__, "examples_out/multi_parent", quick_help="T = 8 and 600 steps per run (a smoke test)")
     p.add_argument("--steps", type=int, default=3000, help="joint gradient-descent steps per run")
     p.add_argument("--T", type=int, default=12, help="sequence length (S = 2: 2**T sequences)")
     args = p.parse_args()
+    if args.quick:
+        args.steps, args.T = min(args.steps, 600), min(args.T, 8)
     out = ensure_out(args.out)
     S, T = 2, args.T
     prior = pg.dirichlet_tensor_prior(S, 2, 1.0, 16, seed=0, symmetrize="full")

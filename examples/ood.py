@@ -16,14 +16,14 @@ import popgrad as pg
 from popgrad import checks
 from popgrad.app.plots import save_figure
 
-from _common import TRAIN, ensure_out, parser, print_checks
+from _common import ensure_out, parser, print_checks, train_settings
 
 
 def main():
     args = parser(__doc__, "examples_out/ood").parse_args()
     out = ensure_out(args.out)
     task = pg.Task(pg.chain(10), pg.dirichlet_prior(3, 1.0, 8, seed=0))
-    traj = pg.train_two_stage(task, **TRAIN)
+    traj = pg.train_two_stage(task, **train_settings(args.quick))
     A1, A2 = traj.final_A1, traj.final_A2
     pi_ood = checks.ood_transition(task.S, gamma=0.3)
     res = checks.check_ood(task, A1, A2, pi_ood=pi_ood)
@@ -37,7 +37,7 @@ def main():
     bins = np.linspace(0, 1, 41)
     ax.hist(e_i, bins=bins, weights=p_i, alpha=0.6, label="in-distribution π")
     ax.hist(e_o, bins=bins, weights=p_o, alpha=0.6, label="out-of-distribution π̃")
-    ax.set_xlabel("sup_c |f(s)_c - π(c | s_T)|")
+    ax.set_xlabel("sup_c |f(s)_c - π(c | s_{T-1})|  (query s_{T-1}, 0-based positions)")
     ax.set_ylabel("exact probability")
     ax.legend()
     save_figure(fig, os.path.join(out, "ood_errors.png"))

@@ -32,8 +32,7 @@ GRAPHS = {"chain": pg.chain, "icl": pg.icl_pairs, "random": lambda T: pg.random_
 
 
 def main():
-    p = parser(__doc__, "examples_out/paper_figure2")
-    p.add_argument("--quick", action="store_true", help="fewer steps and a small sample (smoke test)")
+    p = parser(__doc__, "examples_out/paper_figure2", quick_help="fewer steps and a small sample (smoke test)")
     args = p.parse_args()
     out = ensure_out(args.out)
     S, T, alpha = 10, 20, 0.1
@@ -59,9 +58,10 @@ def main():
         refs.update(eps=task.default_eps, L_star_eps={"value": pg.optimal_loss(task, eps=task.default_eps),
                                                        "kind": "exact"})
         rec = checks.check_graph_recovery(task, A1)
+        context = f"S = {S}, T = {T}, graph {name}, α = {alpha:g}"
         plot_attention(task.graph, A1, os.path.join(out, f"{name}_attention.png"),
-                       title=f"{name}: softmax(A1) after Stage 1 (exact field flow)")
-        plot_loss(traj, refs, os.path.join(out, f"{name}_loss.png"))
+                       title="after Stage 1 (trained on the first-order field)", context=context)
+        plot_loss(traj, refs, os.path.join(out, f"{name}_loss.png"), context=context)
         rows.append((name, rec, traj, refs, t1, t2))
         print(f"{name:7s} stage 1 {t1:6.1f} s (field, exact)  stage 2 {t2:6.1f} s (sampled, n = {traj.stage2_samples:,})")
     lines = [

@@ -29,15 +29,14 @@ import numpy as np
 import popgrad as pg
 from popgrad.app.plots import save_figure
 
-from _common import ensure_out, parser
+from _common import ensure_out, finite_stats, parser
 
 OFFICIAL = (0.84, 0.05)  # mean ± spread reported by the official sampled joint training on this setting
 
 
 def main():
-    p = parser(__doc__, "examples_out/paper_figure9")
+    p = parser(__doc__, "examples_out/paper_figure9", quick_help="5 graphs, fewer steps (smoke test)")
     p.add_argument("--graphs", type=int, default=20)
-    p.add_argument("--quick", action="store_true", help="5 graphs, fewer steps (smoke test)")
     args = p.parse_args()
     out = ensure_out(args.out)
     S, T = 3, 20
@@ -51,9 +50,9 @@ def main():
         traj = pg.train_two_stage(task, gradient="field", beta0=1e-3, lr1=2.0, steps1=steps1, steps2=0)
         attn[g] = traj.attn_parent[traj.stage1_end]
     seconds = time.perf_counter() - t0
-    per_graph = np.nanmean(attn, axis=1)
-    mean_pos, sd_pos = np.nanmean(attn, axis=0), np.nanstd(attn, axis=0)
-    ok = np.isfinite(mean_pos)
+    per_graph = finite_stats(attn, axis=1)[0]
+    mean_pos, sd_pos, _, _, count = finite_stats(attn, axis=0)
+    ok = count > 0
     pos = np.arange(T)
     fig, ax = plt.subplots(figsize=(7, 3.8))
     ax.errorbar(pos[ok], mean_pos[ok], yerr=sd_pos[ok], fmt="o", capsize=3, label="popgrad (exact field flow)")
@@ -68,7 +67,7 @@ def main():
     lines = ["| position | mean attention to parent | sd | graphs with a parent here |", "|---|---|---|---|"]
     for i in pos[ok]:
         lines.append(f"| {i} | {mean_pos[i]:.4f} | {sd_pos[i]:.4f} | {int(np.isfinite(attn[:, i]).sum())} |")
-    lines += ["", f"Mean over graphs and positions: {np.nanmean(per_graph):.4f} ± {np.nanstd(per_graph):.4f} "
+    lines += ["", f"Mean over graphs and positions: {finite_stats(per_graph)[0]:.4f} ± {finite_stats(per_graph)[1]:.4f} "
                   f"(sd over graphs) -- exact, first order in β0; official sampled joint training: "
                   f"{OFFICIAL[0]:.2f} ± {OFFICIAL[1]:.2f}.",
               f"{n_graphs} graphs in {seconds:.1f} s."]

@@ -9,7 +9,7 @@ import popgrad as pg
 from popgrad import checks
 from popgrad.app.plots import plot_attention
 
-from _common import TRAIN, ensure_out, parser, print_checks
+from _common import ensure_out, parser, print_checks, train_settings
 
 
 def main():
@@ -20,7 +20,7 @@ def main():
         graph = pg.random_tree(9, seed=seed, root_prob=0.15)
         task = pg.Task(graph, prior)
         print(graph.summary())
-        traj = pg.train_two_stage(task, **dict(TRAIN, steps2=0))
+        traj = pg.train_two_stage(task, **dict(train_settings(args.quick), steps2=0))
         A1 = traj.A1[traj.stage1_end]
         print_checks([checks.check_graph_recovery(task, A1), checks.check_roots(task, A1)])
         plot_attention(graph, A1, os.path.join(out, f"tree_{seed}.png"), title=f"tree seed {seed}")

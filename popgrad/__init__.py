@@ -14,7 +14,10 @@ See ``docs/DESIGN.md`` for the conventions (0-based positions, query last,
 """
 __version__ = "0.2.0"
 
-from . import _interrupt  # noqa: F401  (Ctrl-C during the CLI's imports: one line, no traceback)
+from ._signals import install_import_guard as _guard
+
+_guard()  # acts only in the `popgrad` command itself (a Ctrl-C during its imports: one line); a no-op for a library
+del _guard
 
 from .task import (
     DEFAULT_MAX_SEQUENCES,

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import errno
 import os
+import platform
 import shutil
-import signal
 import tempfile
 from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_savez", "OutputDir", "OutputDirError", "check_output_dir"]
+from ._signals import deferred
+
+__all__ = ["atomic_path", "atomic_write_text", "atomic_savez", "OutputDir", "OutputDirError", "check_output_dir",
+           "FolderLock", "clear_stale"]
 
 
 def _default_mode() -> int:
@@ -152,7 +155,18 @@ def _check_targets(root, names, flag) -> None:
                                  f"remove it or choose another {flag}")
 
 
-def _pid_alive(pid: int) -> bool:
+def _process_start(pid: int):
+    """The start time of process ``pid`` (clock ticks since boot, Linux ``/proc``), or ``None`` where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return int(fields[19])  # field 22 of stat(5); fields[0] is field 3
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int, start=None) -> bool:
+    """Process ``pid`` exists (and, when ``start`` is known, is the one that started then: no PID reuse)."""
     if pid <= 0:
         return False
     try:
@@ -160,10 +174,122 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
+        pass
     except OSError:
         return False
+    if start is not None:
+        now = _process_start(pid)
+        if now is not None and now != start:
+            return False  # the PID now belongs to another process
     return True
+
+
+def _owner_tag() -> str:
+    """``PID.START`` of this process: what a lock or a staging folder records of its owner."""
+    start = _process_start(os.getpid())
+    return f"{os.getpid()}" if start is None else f"{os.getpid()}.{start}"
+
+
+def _parse_owner(tag: str):
+    pid, _, start = tag.partition(".")
+    try:
+        return int(pid), (int(start) if start else None)
+    except ValueError:
+        return 0, None
+
+
+class FolderLock:
+    """An exclusive lock on a folder (``.popgrad.lock``), shared by ``popgrad run`` and ``popgrad sweep``.
+
+    The lock file holds ``PID START HOST``; a lock is stale (and taken over) when its
+    process is gone or its PID now belongs to another process (``START`` differs). A lock
+    of another host is never taken over (the folder is on a shared file system).
+    """
+
+    def __init__(self, folder, flag: str = "--out"):
+        self.folder = os.fspath(folder)
+        self.flag = flag
+        self.path = os.path.join(self.folder, LOCK_NAME)
+        self.locked = False
+
+    def acquire(self) -> None:
+        host = platform.node()
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                holder = _read_lock(self.path)
+                if holder is not None:
+                    pid, start, where = holder
+                    mine = pid == os.getpid() and where == host
+                    if not mine and (where != host or _pid_alive(pid, start)):
+                        at = "" if where == host else f" on {where}"
+                        raise OutputDirError(
+                            f"{self.flag} {self.folder} is in use by another popgrad run (PID {pid}{at}, lock "
+                            f"{self.path}): wait for it to finish or choose another {self.flag}") from None
+                try:  # stale: its process is gone
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                start = _process_start(os.getpid())
+                fh.write(f"{os.getpid()} {'-' if start is None else start} {host}\n")
+            self.locked = True
+            return
+        raise OutputDirError(f"{self.flag} {self.folder}: cannot take the lock {self.path}: try again")
+
+    def release(self) -> None:
+        if self.locked:
+            self.locked = False
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+    def __enter__(self) -> "FolderLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+
+def _read_lock(path):
+    """``(pid, start, host)`` of a lock file; ``None`` for an unreadable or empty one (stale)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            parts = fh.read().split()
+    except (OSError, ValueError):
+        return None
+    try:
+        pid = int(parts[0])
+    except (IndexError, ValueError):
+        return None
+    start = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+    host = parts[2] if len(parts) > 2 else platform.node()
+    return pid, start, host
+
+
+def clear_stale(folder) -> None:
+    """Remove what killed runs left in ``folder``: staging folders and a lock whose process is gone."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(STAGING_PREFIX):
+            pid, start = _parse_owner(name[len(STAGING_PREFIX):].split("-", 1)[0])
+            if not _pid_alive(pid, start):
+                shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+    lock = os.path.join(folder, LOCK_NAME)
+    holder = _read_lock(lock) if os.path.lexists(lock) else False
+    if holder is None or (holder and holder[2] == platform.node() and not _pid_alive(holder[0], holder[1])):
+        try:
+            os.unlink(lock)
+        except OSError:
+            pass
 
 
 class OutputDir:
@@ -189,44 +315,8 @@ class OutputDir:
         self.outputs = tuple(outputs)
         self.staging = None
         self.created = False
-        self._lock = os.path.join(self.root, LOCK_NAME)
-        self._locked = False
+        self._lock = FolderLock(self.root, flag)
         self._staged = set()
-
-    # -- lock
-    def _acquire(self) -> None:
-        for _ in range(3):
-            try:
-                fd = os.open(self._lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                try:
-                    with open(self._lock, encoding="utf-8") as fh:
-                        pid = int(fh.read().strip() or "0")
-                except (OSError, ValueError):
-                    pid = 0
-                if pid != os.getpid() and _pid_alive(pid):
-                    raise OutputDirError(
-                        f"{self.flag} {self.root} is in use by another popgrad run (PID {pid}, lock "
-                        f"{self._lock}): wait for it to finish or choose another {self.flag}"
-                    ) from None
-                try:  # stale: its process is gone
-                    os.unlink(self._lock)
-                except FileNotFoundError:
-                    pass
-                continue
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(f"{os.getpid()}\n")
-            self._locked = True
-            return
-        raise OutputDirError(f"{self.flag} {self.root}: cannot take the lock {self._lock}: try again")
-
-    def _release(self) -> None:
-        if self._locked:
-            self._locked = False
-            try:
-                os.unlink(self._lock)
-            except OSError:
-                pass
 
     # -- context
     def __enter__(self) -> "OutputDir":
@@ -234,12 +324,9 @@ class OutputDir:
             if not os.path.isdir(self.root):
                 os.makedirs(self.root)
                 self.created = True
-            self._acquire()
-            for name in os.listdir(self.root):  # staging folders of runs that were killed
-                full = os.path.join(self.root, name)
-                if name.startswith(STAGING_PREFIX) and not _pid_alive(_staging_pid(name)):
-                    shutil.rmtree(full, ignore_errors=True)
-            self.staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=self.root)
+            self._lock.acquire()
+            clear_stale(self.root)  # staging folders of runs that were killed
+            self.staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{_owner_tag()}-", dir=self.root)
         except OSError as exc:
             self._cleanup()
             raise OutputDirError(f"{self.flag} {self.root}: cannot create the output folder: {_describe(exc)}") from None
@@ -251,11 +338,11 @@ class OutputDir:
 
     def _cleanup(self) -> None:
         # Signals would leave a half-removed staging folder: hold SIGINT/SIGTERM meanwhile.
-        with _signals_deferred():
+        with deferred():
             if self.staging is not None:
                 shutil.rmtree(self.staging, ignore_errors=True)
                 self.staging = None
-            self._release()
+            self._lock.release()
             if self.created:
                 try:
                     os.rmdir(self.root)  # only when empty
@@ -279,7 +366,7 @@ class OutputDir:
         if missing:
             raise OutputDirError(f"{self.flag} {self.root}: {', '.join(sorted(missing))} were not written")
         _check_targets(self.root, sorted(produced), self.flag)
-        with _signals_deferred():
+        with deferred():
             for name in self.outputs:
                 target = os.path.join(self.root, name)
                 if name not in produced and os.path.lexists(target) and not os.path.isdir(target):
@@ -287,34 +374,3 @@ class OutputDir:
             for name in sorted(produced):
                 os.replace(os.path.join(self.staging, name), os.path.join(self.root, name))
             _fsync_dir(self.root)
-
-
-def _staging_pid(name: str) -> int:
-    try:
-        return int(name[len(STAGING_PREFIX):].split("-", 1)[0])
-    except ValueError:
-        return 0
-
-
-@contextmanager
-def _signals_deferred():
-    """Delay SIGINT/SIGTERM until the block is done (main thread only; elsewhere a no-op)."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pending = []
-    old = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            old[sig] = signal.signal(sig, lambda s, f: pending.append(s))
-        except (ValueError, OSError):
-            pass
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-        for sig in pending:
-            os.kill(os.getpid(), sig)

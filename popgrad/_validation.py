@@ -102,10 +102,17 @@ def as_heads(M, name: str) -> np.ndarray:
 
 def _as_squares(M, name, ndim, kind, shape_text) -> np.ndarray:
     """A finite float64 array whose last two axes are square (``ndim`` axes in all)."""
+    raw = M if isinstance(M, np.ndarray) else None
     try:
-        M = np.asarray(M, dtype=np.float64)
+        if raw is None:
+            raw = np.asarray(M)
+        if raw.dtype.kind in "USVaMmc" or (raw.dtype.kind == "O" and any(
+                isinstance(x, (str, bytes, complex)) for x in raw.ravel())):
+            raise TypeError(raw.dtype)
+        M = np.asarray(raw, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ArgumentTypeError(f"{name} must be {kind}") from None
+        got = f", got an array of dtype {raw.dtype}" if raw is not None else f", got {type(M).__name__}"
+        raise ArgumentTypeError(f"{name} must be {kind} (real numbers{got})") from None
     if M.ndim != ndim or M.shape[-1] != M.shape[-2]:
         have = "have" if ndim == 3 else "be"
         raise ValueError(f"{name} must {have} {shape_text}, got shape {M.shape}")

@@ -66,10 +66,11 @@ from .plots import (
     plot_head_attention,
     plot_head_attention_to_parent,
     plot_loss,
+    run_context,
 )
 from .report import UNIFORM_MEAN_IMPOSSIBLE, build_report, write_report
 
-__all__ = ["DEFAULTS", "MULTI_PARENT_DEFAULTS", "MULTI_PARENT_GRAPHS", "CLIError", "build_task", "validate_config",
+__all__ = ["DEFAULTS", "MULTI_PARENT_DEFAULTS", "MULTI_PARENT_GRAPHS", "CLIError", "CLITypeError", "build_task", "validate_config",
            "run", "RUN_OUTPUTS", "EXIT_DIVERGED"]
 
 #: Every file ``popgrad run`` may write into ``--out`` (besides ``checkpoint.npz``); those a run does
@@ -127,8 +128,12 @@ MAX_S = 16
 MAX_T = 4096
 
 
-class CLIError(Exception):
-    """A user error: printed as one line, exit status 2."""
+class CLIError(ValueError):
+    """A user error (a ``ValueError``): printed as one line by the CLI, exit status 2."""
+
+
+class CLITypeError(CLIError, TypeError):
+    """A user error of the wrong type (a ``TypeError``, also a :class:`CLIError`)."""
 
 
 #: Defaults that replace :data:`DEFAULTS` for ``--graph ngram|two-parent`` unless given in the config
@@ -454,17 +459,20 @@ def _checks_multi(cfg, task, traj, A1_hat, refs, objective=None):
     return results, extra
 
 
-def _plots_single(out, task, traj, A1_hat, refs):
-    plot_attention(task.graph, A1_hat, os.path.join(out, "attention.png"))
-    plot_loss(traj, refs, os.path.join(out, "loss.png"))
-    plot_cosine(traj, os.path.join(out, "gradient_cosine.png"))
-    plot_attention_to_parent(traj, task.graph, os.path.join(out, "attention_to_parent.png"))
+def _plots_single(out, task, traj, A1_hat, refs, context=""):
+    how = {"field": "trained on the first-order field", "idealized": "trained on the idealized gradient"}.get(
+        getattr(traj.config, "gradient", "exact"), "trained on the exact gradient")
+    plot_attention(task.graph, A1_hat, os.path.join(out, "attention.png"), title=f"after Stage 1 ({how})",
+                   context=context)
+    plot_loss(traj, refs, os.path.join(out, "loss.png"), context=context)
+    plot_cosine(traj, os.path.join(out, "gradient_cosine.png"), context=context)
+    plot_attention_to_parent(traj, task.graph, os.path.join(out, "attention_to_parent.png"), context=context)
 
 
-def _plots_multi(out, task, traj, A1_hat, refs):
-    plot_head_attention(task.graph, A1_hat, os.path.join(out, "attention.png"))
-    plot_loss(traj, refs, os.path.join(out, "loss.png"))
-    plot_head_attention_to_parent(traj, task.graph, os.path.join(out, "attention_to_parent.png"))
+def _plots_multi(out, task, traj, A1_hat, refs, context=""):
+    plot_head_attention(task.graph, A1_hat, os.path.join(out, "attention.png"), context=context)
+    plot_loss(traj, refs, os.path.join(out, "loss.png"), context=context)
+    plot_head_attention_to_parent(traj, task.graph, os.path.join(out, "attention_to_parent.png"), context=context)
 
 
 def validate_config(cfg: dict):
@@ -489,9 +497,40 @@ def validate_config(cfg: dict):
         as_int(cfg["checkpoint_every"], "--checkpoint-every", minimum=0)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+    check_sample_size(cfg, task)
     train_kwargs = _train_kwargs(cfg, multi)
     (MultiHeadTrainConfig if multi else TrainConfig)(**train_kwargs).validate()
     return task, train_kwargs
+
+
+def _memory_bytes() -> int | None:
+    """This machine's physical memory in bytes, or ``None`` where unknown."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n / 2**10:.1f} KiB"
+
+
+def check_sample_size(cfg: dict, task) -> None:
+    """Refuse a sampled Stage 2 whose sample cannot fit in memory: ``--samples`` x (T tokens + 2 S
+    label weights) x 8 bytes, against half of this machine's memory."""
+    n = cfg.get("samples", 0)
+    if cfg.get("stage2") != "sampled" or not n or cfg.get("steps2", 0) == 0:
+        return
+    need = n * (task.T + 2 * task.S) * 8
+    memory = _memory_bytes()
+    if memory is not None and need > memory // 2:
+        most = max(2, memory // 2 // ((task.T + 2 * task.S) * 8))
+        raise CLIError(f"--samples {n:,} needs about {_size(need)} for the Stage-2 sample (n x (T + 2S) x 8 bytes), "
+                       f"more than half of this machine's {_size(memory)}: use --samples {most:,} or fewer, or "
+                       "--samples 0 (chosen from a pilot sample for a standard error of 1e-3)")
 
 
 def prepare(cfg: dict, resume: bool):
@@ -517,19 +556,151 @@ def _resolved_config(task, config):
     return replace(config, stage2=stage2)
 
 
-def connect_scheduler(address: str):
-    """A ``dask.distributed.Client`` connected to the scheduler at ``address`` (``popgrad run --scheduler``)."""
+#: Seconds a Dask scheduler has to send its handshake after the TCP connection is accepted (it sends it at once).
+HANDSHAKE_TIMEOUT = 5.0
+
+
+def check_scheduler_address(address) -> str:
+    """A Dask scheduler address (``tcp://HOST:PORT``, ``HOST:PORT``, ``tls://...``), or a one-line error."""
+    if not isinstance(address, str) or not address.strip():
+        raise CLIError(f"--scheduler {address!r} is empty: give an address such as tcp://127.0.0.1:8786")
+    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.registry import backends
+
+    address = address.strip()
+    try:
+        scheme, loc = parse_address(address, strict=False)
+        if scheme not in backends:
+            raise ValueError(f"unknown protocol {scheme!r} (known: {', '.join(sorted(backends))})")
+        if scheme in ("tcp", "tls", "ws", "wss"):
+            parse_host_port(loc)
+    except (ValueError, TypeError) as exc:
+        raise CLIError(f"--scheduler {address!r} is not a Dask scheduler address ({_first_line(exc)}): "
+                       "use tcp://HOST:PORT, e.g. tcp://127.0.0.1:8786") from None
+    return address
+
+
+def _first_line(exc) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _probe_tcp(address: str, timeout: float) -> None:
+    """Refuse, within ``timeout`` seconds, a TCP address where nothing listens or that is not a Dask scheduler.
+
+    A Dask scheduler writes its handshake (an 8-byte little-endian length, then a small message) as
+    soon as a connection is accepted; a server that stays silent or sends something else is not one.
+    """
+    import socket
+
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    scheme, loc = parse_address(address, strict=False)
+    if scheme != "tcp":
+        return
+    host, port = parse_host_port(loc)
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or _first_line(exc))
+        raise CLIError(f"cannot connect to the Dask scheduler at {address}: {why}: start one "
+                       "(dask scheduler) or check --scheduler") from None
+    try:
+        sock.settimeout(timeout)
+        head = b""
+        while len(head) < 8:
+            chunk = sock.recv(8 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except OSError:  # a timeout (silent server) or a reset
+        head = None
+    finally:
+        sock.close()
+    if head is None or len(head) < 8:
+        what = "did not answer" if head is None else "closed the connection"
+        raise CLIError(f"{address} accepted a connection but {what} as a Dask scheduler does within "
+                       f"{timeout:g} s: it is not a Dask scheduler (check the host and port; the default port is 8786)")
+    if not 0 < int.from_bytes(head, "little") < 2**24:
+        raise CLIError(f"{address} answered, but not with the Dask protocol ({head!r}): it is not a Dask scheduler "
+                       "(check the host and port; the default port is 8786)")
+
+
+#: Stage 1 with the field at T >= FIELD_ESTIMATE_MIN_T: the run first says how long the field will take,
+#: measured on this machine at the two sizes FIELD_ESTIMATE_SIZES and extrapolated.
+FIELD_ESTIMATE_MIN_T = 1024
+FIELD_ESTIMATE_SIZES = (256, 512)
+
+
+def estimate_field_seconds(cfg: dict, task, log=print):
+    """Seconds the Stage-1 field of ``task`` will take (computed once, before the first step), or ``None``.
+
+    Only for ``gradient = "field"`` at ``T >= FIELD_ESTIMATE_MIN_T``: the field of the same graph
+    family (a chain for a parents string) and prior is timed at the two sizes
+    :data:`FIELD_ESTIMATE_SIZES` and extrapolated as ``T^p`` (``p`` measured, between 2 and 4; the
+    counts method is ``O(K S^2 T^3)`` for a chain). Logs one line when it is more than a minute.
+    """
+    if cfg.get("gradient") != "field" or not isinstance(task, Task) or task.T < FIELD_ESTIMATE_MIN_T:
+        return None
+    from ..engine.field import stage1_field
+
+    family = graph_family(cfg["graph"], cfg["seed"]) or chain
+    stage1_field(Task(family(8), task.prior, max_sequences=task.max_sequences))  # kernels loaded: not timed
+    times = []
+    for T in FIELD_ESTIMATE_SIZES:
+        small = Task(family(T), task.prior, max_sequences=task.max_sequences)
+        t0 = time.perf_counter()
+        stage1_field(small)
+        times.append(max(time.perf_counter() - t0, 1e-6))
+    (T1, T2), (t1, t2) = FIELD_ESTIMATE_SIZES, times
+    p = min(4.0, max(2.0, math.log(t2 / t1) / math.log(T2 / T1)))
+    seconds = t2 * (task.T / T2) ** p
+    if seconds > 60:
+        log(f"Stage 1 at T = {task.T}: the first-order field is computed once before the first step, about "
+            f"{_duration(seconds)} on this machine (measured {t1:.2g} s at T = {T1} and {t2:.2g} s at T = {T2}, "
+            f"growing as T^{p:.1f}); a smaller --T is faster")
+    return seconds
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def connect_scheduler(address: str, worker_timeout: float = 60.0, log=None):
+    """A ``dask.distributed.Client`` of the scheduler at ``address`` with at least one worker, or a one-line
+    :class:`CLIError` within about ``HANDSHAKE_TIMEOUT + worker_timeout`` seconds (no hang on a wrong
+    address, a server that is not a scheduler, or a scheduler without workers). ``popgrad run`` and
+    ``popgrad sweep`` both use it."""
+    address = check_scheduler_address(address)
+    _probe_tcp(address, HANDSHAKE_TIMEOUT)
     from dask.distributed import Client  # imported only when asked for
 
     try:
-        return Client(address, timeout="20s")
-    except (OSError, TimeoutError) as exc:
-        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CLIError(f"cannot connect to the Dask scheduler at {address}: {why}") from None
+        client = Client(address, timeout=f"{max(HANDSHAKE_TIMEOUT, 1.0)}s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise CLIError(f"cannot connect to the Dask scheduler at {address}: {_first_line(exc)}") from None
+    try:
+        if not client.scheduler_info().get("workers"):
+            if log is not None:
+                log(f"Dask scheduler {address} has no workers yet: waiting up to {worker_timeout:g} s for one")
+            try:
+                client.wait_for_workers(1, timeout=worker_timeout)
+            except (TimeoutError, OSError):
+                raise CLIError(f"the Dask scheduler at {address} has no workers after {worker_timeout:g} s: start "
+                               f"one (NUMBA_NUM_THREADS=1 dask worker {address} --nthreads 1), raise "
+                               "--worker-timeout, or drop --scheduler") from None
+    except BaseException:
+        client.close()
+        raise
+    return client
 
 
 def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figures: bool = True,
-        client=None, scheduler: str | None = None) -> dict:
+        client=None, scheduler: str | None = None, worker_timeout: float = 60.0) -> dict:
     """The main job for any task kind. Returns the report dictionary; ``figures=False`` skips the PNG
     figures (``popgrad sweep``). ``client`` (a ``dask.distributed.Client``), or ``scheduler`` (an address
     to connect to, closed at the end): split the training's exact enumerations over its workers
@@ -541,7 +712,8 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figur
     run still writes its report (``report["trajectory"]["status"] == "diverged"``).
     """
     if client is None and scheduler:
-        client = connect_scheduler(scheduler)
+        prepare(dict(cfg), resume)  # every check of the settings first: no wait for a scheduler to hear of --S
+        client = connect_scheduler(scheduler, worker_timeout, log)
         try:
             return run(cfg, resume, progress, log, figures, client=client)
         finally:
@@ -554,6 +726,7 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figur
 
     if not kernels_cached():
         log("compiling kernels (first run only)…")
+    estimate_field_seconds(cfg, task, log)
     t0 = time.perf_counter()
     with OutputDir(out, outputs=RUN_OUTPUTS, flag="--out") as od:
         ckpt = od.keep("checkpoint.npz")
@@ -575,14 +748,17 @@ def run(cfg: dict, resume: bool = False, progress: bool = True, log=print, figur
             results, extra = (_checks_multi if multi else _checks_single)(cfg, task, traj, A1_hat, refs, objective)
         extra = {"timing_seconds": {"training": t_train, "total": time.perf_counter() - t0}, **extra}
         report = build_report(cfg, task, traj, results, refs, extra)
+        if diverged:  # no check ran: a diverged run is never "all passed" (a sweep row would count it a success)
+            report["all_passed"] = False
 
         stage = od.staging
         traj.save(os.path.join(stage, "trajectory.npz"))
         if figures:
+            context = run_context(cfg, task)
             if diverged:
-                plot_loss(traj, refs, os.path.join(stage, "loss.png"))
+                plot_loss(traj, refs, os.path.join(stage, "loss.png"), context=context)
             else:
-                (_plots_multi if multi else _plots_single)(stage, task, traj, A1_hat, refs)
+                (_plots_multi if multi else _plots_single)(stage, task, traj, A1_hat, refs, context)
         write_report(stage, report)
         try:
             od.commit()

@@ -1,4 +1,11 @@
-"""Figures of a run (matplotlib, Agg backend, every file written atomically).
+"""Figures of a run (matplotlib, every file written atomically).
+
+Figures are :class:`matplotlib.figure.Figure` objects rendered straight to
+their files: importing this module neither imports ``matplotlib.pyplot`` nor
+switches the backend (a notebook's backend is left alone). Every figure takes
+``context`` (e.g. ``"S = 3, T = 10, graph chain, α = 1"``, from
+:func:`run_context`) for its title; positions are integers on every axis.
+
 
 * :func:`plot_attention` -- ``softmax(A1)`` after Stage 1 beside the true
   adjacency (the paper's Figure 2);
@@ -13,45 +20,73 @@
 from __future__ import annotations
 
 import os
+import sys
+import textwrap
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from .._io import atomic_path  # noqa: E402
-from ..model.multihead import head_attention  # noqa: E402
-from ..model.reduced import first_layer_attention  # noqa: E402
+from .._io import atomic_path
+from ..model.multihead import head_attention
+from ..model.reduced import first_layer_attention
 
 __all__ = ["plot_attention", "plot_loss", "plot_cosine", "plot_attention_to_parent", "save_figure",
-           "plot_head_attention", "plot_head_attention_to_parent"]
+           "plot_head_attention", "plot_head_attention_to_parent", "run_context", "new_figure"]
+
+#: Label of every attention colorbar.
+ATTENTION_LABEL = "attention weight softmax(A1)[i, j]"
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, figsize=(6.5, 4), **kw):
+    """``(fig, axes)``: a :class:`matplotlib.figure.Figure` (no pyplot, no backend) and its subplots."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kw)
+
+
+def run_context(cfg: dict, task=None) -> str:
+    """The title line of a run's figures: ``S``, ``T``, the graph and ``α`` (and ``T_eff``)."""
+    T = task.T if task is not None else cfg.get("T")
+    text = f"S = {cfg['S']}, T = {T}, graph {cfg['graph']}, α = {cfg['alpha']:g}"
+    t_eff = getattr(task, "t_eff", None)
+    if t_eff is not None and T is not None and abs(float(t_eff) - float(T)) > 1e-9:
+        text += f", T_eff = {float(t_eff):.4g}"
+    return text
+
+
+def _integer_axis(axis) -> None:
+    axis.set_major_locator(MaxNLocator(integer=True))
 
 
 def save_figure(fig, path, dpi: int = 120) -> None:
-    """Save ``fig`` to ``path`` atomically and close it."""
+    """Save ``fig`` to ``path`` atomically (a pyplot figure is closed afterwards)."""
     try:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format=os.path.splitext(path)[1][1:] or "png")
     finally:
-        plt.close(fig)
+        if "matplotlib.pyplot" in sys.modules:  # only when the caller's figure came from pyplot
+            sys.modules["matplotlib.pyplot"].close(fig)
 
 
-def plot_attention(graph, A1, path, title: str = "first layer after Stage 1") -> None:
+def plot_attention(graph, A1, path, title: str = "first layer after Stage 1", context: str = "") -> None:
     """Heatmap of ``softmax(MASK(A1))`` beside the true adjacency."""
     P = first_layer_attention(A1)
     adj = graph.adjacency()
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4.2))
-    for ax, M, name in ((axes[0], P, f"softmax(A1): {title}"), (axes[1], adj, "true adjacency (row = child)")):
+    fig, axes = new_figure(1, 2, figsize=(9, 4.6))
+    for ax, M, name in ((axes[0], P, f"softmax(A1) {title}"), (axes[1], adj, "true adjacency (row = child)")):
         im = ax.imshow(M, vmin=0, vmax=1, cmap="viridis")
-        ax.set_title(name, fontsize=10)
+        ax.set_title(textwrap.fill(name, 44), fontsize=9)
         ax.set_xlabel("key position j")
         ax.set_ylabel("query position i")
-    fig.colorbar(im, ax=axes, shrink=0.8)
+        _integer_axis(ax.xaxis)
+        _integer_axis(ax.yaxis)
+    fig.colorbar(im, ax=axes, shrink=0.8, label=ATTENTION_LABEL)
+    if context:
+        fig.suptitle(context, fontsize=10)
     save_figure(fig, path)
 
 
-def plot_loss(trajectory, references: dict, path) -> None:
+def plot_loss(trajectory, references: dict, path, context: str = "") -> None:
     """Exact (perturbed) loss vs step with the same-``ε`` reference lines.
 
     ``references`` is :func:`popgrad.checks.reference_losses`; the lines are
@@ -60,7 +95,7 @@ def plot_loss(trajectory, references: dict, path) -> None:
     ``L_Bayes,ε``) and the count estimator (``L_count``), all under the loss the
     model is trained on; ``L*_ε`` and ``L_Bayes,ε`` are not bounds of it.
     """
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = new_figure(figsize=(6.5, 4))
     ok = np.isfinite(trajectory.loss)
     sampled = ok & np.isfinite(trajectory.loss_se)
     exact = ok & ~sampled
@@ -68,8 +103,8 @@ def plot_loss(trajectory, references: dict, path) -> None:
         ax.plot(trajectory.step[exact], trajectory.loss[exact], color="k", lw=1.5, label="exact loss L(θ)")
     if sampled.any():
         n = getattr(trajectory, "stage2_samples", 0)
-        ax.errorbar(trajectory.step[sampled], trajectory.loss[sampled], yerr=2 * trajectory.loss_se[sampled],
-                    color="tab:red", lw=1.2, capsize=2, label=f"sampled loss ± 2 SE (n = {n:,})")
+        ax.errorbar(trajectory.step[sampled], trajectory.loss[sampled], yerr=trajectory.loss_se[sampled],
+                    color="tab:red", lw=1.2, capsize=2, label=f"sampled loss ± 1 SE (n = {n:,})")
     eps = references.get("eps")
     tag = f" (same ε = {eps:.3g})" if eps is not None else ""
     styles = {"L_floor_eps": (f"L_floor,ε: exact floor, lower bound{tag}", "tab:gray"),
@@ -89,16 +124,31 @@ def plot_loss(trajectory, references: dict, path) -> None:
     if trajectory.config.schedule == "two-stage" and 0 < s1 < trajectory.step[-1]:
         ax.axvline(s1, color="grey", lw=0.8, ls=":", label="end of Stage 1")
     ax.set_xlabel("step")
+    _integer_axis(ax.xaxis)
     ax.set_ylabel("population loss (perturbed, ε inside the log)")
+    notes = []
+    if ok.any() and trajectory.step[ok][0] > trajectory.step[0]:
+        notes.append(f"no loss before step {int(trajectory.step[ok][0])}: Stage 1 used the "
+                     f"{_gradient_name(trajectory)}, which does not evaluate the loss")
     if sampled.any():
-        ax.set_title("Stage 2 on a fixed sample: losses after Stage 1 are sampled estimates", fontsize=9)
-    ax.legend(fontsize=8)
+        notes.append("Stage 2 on a fixed sample: losses after Stage 1 are sampled estimates")
+    title = "\n".join(([context] if context else []) + notes)
+    if title:
+        ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside: no line hidden
     save_figure(fig, path)
 
 
-def plot_cosine(trajectory, path) -> None:
-    """Cosine between exact and idealized Stage-1 gradients over Stage 1."""
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+def _gradient_name(trajectory) -> str:
+    """What the Stage-1 gradient of ``trajectory`` was: exact, the first-order field, or idealized."""
+    method = getattr(trajectory.config, "gradient", "exact")
+    return {"field": "first-order field ∇A1 L (exact to first order in β0)",
+            "idealized": "idealized gradient (Knowl 3)"}.get(method, "exact ∇A1 L")
+
+
+def plot_cosine(trajectory, path, context: str = "") -> None:
+    """Cosine between the Stage-1 gradient used (exact, or the first-order field) and the idealized one."""
+    fig, ax = new_figure(figsize=(6.5, 3.6))
     ok = np.isfinite(trajectory.cosine)
     if ok.any():
         ax.plot(trajectory.step[ok], trajectory.cosine[ok], marker=".", color="tab:purple")
@@ -106,13 +156,17 @@ def plot_cosine(trajectory, path) -> None:
         ax.text(0.5, 0.5, "no exact gradient available", ha="center", transform=ax.transAxes)
     ax.set_ylim(min(0.0, np.nanmin(trajectory.cosine) if ok.any() else 0.0), 1.02)
     ax.set_xlabel("Stage-1 step")
-    ax.set_ylabel("cos(exact ∇A1 L, idealized)")
+    _integer_axis(ax.xaxis)
+    used = "field" if getattr(trajectory.config, "gradient", "exact") == "field" else "exact ∇A1 L"
+    ax.set_ylabel(f"cos({used}, idealized g)")
+    ax.set_title(((context + "\n") if context else "") + f"Stage-1 gradient: {_gradient_name(trajectory)}",
+                 fontsize=8)
     save_figure(fig, path)
 
 
-def plot_attention_to_parent(trajectory, graph, path) -> None:
+def plot_attention_to_parent(trajectory, graph, path, context: str = "") -> None:
     """Attention on the parent per non-root position, at init and after Stage 1."""
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    fig, ax = new_figure(figsize=(6.5, 3.6))
     nr = graph.non_roots
     end = trajectory.stage1_end
     ax.bar(nr - 0.2, trajectory.attn_parent[0, nr], width=0.4, label="step 0", color="lightgrey")
@@ -120,12 +174,15 @@ def plot_attention_to_parent(trajectory, graph, path) -> None:
     ax.axhline(1 - 1 / graph.T, ls="--", color="k", lw=0.8, label="1 - 1/T")
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("position i (non-roots)")
+    _integer_axis(ax.xaxis)
     ax.set_ylabel("softmax(A1)[i, p(i)]")
-    ax.legend(fontsize=8)
+    if context:
+        ax.set_title(context, fontsize=9)
+    ax.legend(fontsize=8, loc="lower right", framealpha=0.6)
     save_figure(fig, path)
 
 
-def plot_head_attention(graph, A1, path, title: str = "after training") -> None:
+def plot_head_attention(graph, A1, path, title: str = "after training", context: str = "") -> None:
     """k-head first layer: row ``h`` shows ``softmax(MASK(A1^h))`` beside the adjacency of parent slot ``h``.
 
     ``graph`` is a :class:`popgrad.MultiParentGraph`; ``A1`` has shape
@@ -134,23 +191,27 @@ def plot_head_attention(graph, A1, path, title: str = "after training") -> None:
     """
     P = head_attention(A1)
     k = P.shape[0]
-    fig, axes = plt.subplots(k, 2, figsize=(9, 4.2 * k), squeeze=False)
+    fig, axes = new_figure(k, 2, figsize=(9, 4.4 * k), squeeze=False)
     for h in range(k):
         panels = ((P[h], f"head {h}: softmax(A1^{h}) {title}"),
                   (graph.adjacency(h), f"parent slot {h} (row T-1: target's parent)"))
         for ax, (M, name) in zip(axes[h], panels):
             im = ax.imshow(M, vmin=0, vmax=1, cmap="viridis")
-            ax.set_title(name, fontsize=10)
+            ax.set_title(name, fontsize=9)
             ax.set_xlabel("key position j")
             ax.set_ylabel("query position i")
-    fig.colorbar(im, ax=axes, shrink=0.6)
+            _integer_axis(ax.xaxis)
+            _integer_axis(ax.yaxis)
+    fig.colorbar(im, ax=axes, shrink=0.6, label=ATTENTION_LABEL)
+    if context:
+        fig.suptitle(context, fontsize=10)
     save_figure(fig, path)
 
 
-def plot_head_attention_to_parent(trajectory, graph, path) -> None:
+def plot_head_attention_to_parent(trajectory, graph, path, context: str = "") -> None:
     """Per head ``h``: attention on slot ``h``'s parent per row, at the first and the last record."""
     k = graph.k
-    fig, axes = plt.subplots(k, 1, figsize=(6.5, 2.8 * k), squeeze=False)
+    fig, axes = new_figure(k, 1, figsize=(6.5, 2.8 * k), squeeze=False)
     for h in range(k):
         ax = axes[h, 0]
         rows = np.flatnonzero(graph.slot_parents(h) >= 0)
@@ -159,6 +220,9 @@ def plot_head_attention_to_parent(trajectory, graph, path) -> None:
         ax.axhline(1 - 1 / graph.T, ls="--", color="k", lw=0.8, label="1 - 1/T")
         ax.set_ylim(0, 1.05)
         ax.set_ylabel(f"head {h}: P[i, p(i)_{h}]")
-        ax.legend(fontsize=7)
+        _integer_axis(ax.xaxis)
+        ax.legend(fontsize=7, loc="lower right", framealpha=0.6)
     axes[-1, 0].set_xlabel("position i (rows with parents; T-1: the target's parent)")
+    if context:
+        axes[0, 0].set_title(context, fontsize=9)
     save_figure(fig, path)

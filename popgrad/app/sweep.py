@@ -6,7 +6,8 @@ pandas DataFrame).
 
 The spec (a TOML file or the same structure as a dict) has three optional
 sections; every key is a key of ``popgrad run``'s config file
-(:data:`popgrad.app.jobs.DEFAULTS`, types of ``popgrad.app.cli._types()``)::
+(:data:`popgrad.app.jobs.DEFAULTS`, each value checked by
+:func:`popgrad.app.config.check_value`, the validator of the flags and config files)::
 
     [fixed]            # values shared by every cell
     S = 2
@@ -68,17 +69,26 @@ its cells are rescheduled on the surviving or restarted workers (up to
 a task that errs for another reason; a cell lost for good is recorded as
 failed. Every cell appears exactly once in ``results.csv``. CLI exit status:
 0 when every cell is ok, 1 when at least one failed (stderr says
-``K of N cells failed``), 2 for a bad spec or options, 130 on Ctrl-C
-(finished cells are kept; rerun to resume).
+``K of N cells failed``), 2 for a bad spec or options, an unusable or locked
+``--out``, a bad scheduler, a full disk; 130 on Ctrl-C, 143 on SIGTERM
+(finished cells are kept; rerun to resume; what the cut-short cells left
+behind is removed). ``DIR`` is locked for the sweep (:class:`popgrad._io.FolderLock`).
+
+Sizes: more than :data:`MAX_CELLS` cells, or ``--workers`` above
+:data:`MAX_WORKERS_PER_CORE` times the cores, is refused in one line.
 
 Cluster: ``--scheduler tcp://host:8786`` (``client=`` in Python) uses an
 existing cluster; ``DIR`` must then be at the same path on every worker (a
 shared file system) for ``cells/`` and resume, though ``results.csv`` is
 written by this process from the rows the tasks return. Without it a
 ``LocalCluster(n_workers=N or os.cpu_count(), threads_per_worker=1,
-processes=True)`` is started and closed, with ``NUMBA_NUM_THREADS=1`` in the
-workers' environment so that N workers do not oversubscribe N cores (and a
-cell's numbers do not depend on the thread count). Start remote workers the
+processes=True)`` (N at most the cells to run) is started and closed, with
+``NUMBA_NUM_THREADS=1`` in the workers' environment so that N workers do not
+oversubscribe N cores, and every cell starts with
+:func:`popgrad.engine.distributed.prepare_worker` (a worker that imported
+numba before that variable was set would otherwise fail). The workers are
+started with SIGINT blocked (a terminal Ctrl-C reaches the command, which
+closes them). Start remote workers the
 same way: ``NUMBA_NUM_THREADS=1 dask worker tcp://host:8786 --nthreads 1``.
 """
 from __future__ import annotations
@@ -86,6 +96,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
+import math
 import os
 import platform
 import sys
@@ -93,13 +105,15 @@ import time
 import traceback
 from collections.abc import Mapping
 
-from .._io import atomic_path, atomic_write_text
+from .._io import FolderLock, atomic_path, atomic_write_text, check_output_dir, clear_stale
+from .._signals import Terminated, say, shield_children, sigint_seen
 from . import jobs
-from .cli import _types
-from .jobs import DEFAULTS, MULTI_PARENT_DEFAULTS, MULTI_PARENT_GRAPHS, CLIError
+from .config import ARG_SPECS, checked, load_toml, resolve
+from .jobs import DEFAULTS, CLIError, CLITypeError
 from .report import versions
 
-__all__ = ["sweep", "load_spec", "expand", "cell_id", "run_cell", "summary_row", "main_sweep"]
+__all__ = ["sweep", "load_spec", "expand", "cell_id", "run_cell", "summary_row", "main_sweep", "cached_row",
+           "check_workers", "MAX_CELLS"]
 
 SECTIONS = ("fixed", "axes", "cells")
 NOT_IN_SWEEP = ("out", "resume")
@@ -107,38 +121,29 @@ CONFIG_KEYS = tuple(k for k in DEFAULTS if k != "out")
 REPORT_KEYS = ("config", "versions", "task", "references", "trajectory", "checks", "all_passed")
 FIRST_COLUMNS = ("cell", "cell_id", *CONFIG_KEYS, "status", "error", "resumed")
 
+#: Most cells a spec may have: beyond it the spec is refused before any cell is validated.
+MAX_CELLS = 10_000
+#: ``--workers`` at most this many times the machine's cores (beyond it, processes only compete for them).
+MAX_WORKERS_PER_CORE = 4
+
 
 # -------------------------------------------------------------------- spec
 def load_spec(path) -> dict:
     """Read a sweep spec from a TOML file (sections ``[fixed]``, ``[axes]``, ``[[cells]]``)."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python < 3.11
-        import tomli as tomllib
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except OSError as exc:
-        raise CLIError(f"cannot read sweep spec {path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise CLIError(f"sweep spec {path} is not valid TOML: {exc}") from None
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise CLITypeError(f"a sweep spec is a table with [fixed], [axes], [[cells]] or the path of a TOML file, "
+                           f"got {type(path).__name__}")
+    return load_toml(path, "sweep spec")
 
 
 def _value(key, value, where: str):
-    """``value`` of config key ``key`` with the type checks of ``popgrad run --config``."""
-    types_ = _types()
+    """``value`` of config key ``key``, checked by :func:`popgrad.app.config.check_value` (as flags and files)."""
     if key in NOT_IN_SWEEP:
         raise CLIError(f"{where}: key {key!r} is not allowed in a sweep (outputs go to --out DIR; a rerun resumes)")
-    if key not in types_:
-        known = ", ".join(k for k in sorted(types_) if k not in NOT_IN_SWEEP)
+    if key not in ARG_SPECS:
+        known = ", ".join(k for k in sorted(ARG_SPECS) if k not in NOT_IN_SWEEP)
         raise CLIError(f"{where}: unknown key {key!r} (known: {known})")
-    want = types_[key]
-    ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
-    if want is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
-    if not ok:
-        raise CLIError(f"{where}: {key} must be {want.__name__}, got {value!r}")
-    return value
+    return checked(key, value, where)
 
 
 def cell_id(cfg: dict) -> str:
@@ -148,13 +153,10 @@ def cell_id(cfg: dict) -> str:
 
 
 def resolve_cell(values: dict) -> dict:
-    """A cell's full config: defaults (k-head defaults for multi-parent graphs unless given), then ``values``."""
-    cfg = dict(DEFAULTS)
-    cfg.update(values)
-    if cfg["graph"] in MULTI_PARENT_GRAPHS:
-        for key, value in MULTI_PARENT_DEFAULTS.items():
-            if key not in values:
-                cfg[key] = value
+    """A cell's full config, resolved as ``popgrad run --config`` resolves a file
+    (:func:`popgrad.app.config.resolve`: defaults, k-head defaults unless given, the values,
+    conflicts refused); without ``out``."""
+    cfg = resolve(values)
     cfg.pop("out")
     return cfg
 
@@ -175,13 +177,13 @@ def _describe(values: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in values.items()) or "(defaults)"
 
 
-def expand(spec: Mapping) -> list:
+def expand(spec: Mapping, log=None) -> list:
     """Validate a spec; its cells ``[(cell_id, config), ...]`` in order (product of the axes, then ``cells``)."""
     if not isinstance(spec, Mapping):
-        raise CLIError(f"a sweep spec is a table with [fixed], [axes], [[cells]], got {type(spec).__name__}")
+        raise CLITypeError(f"a sweep spec is a table with [fixed], [axes], [[cells]], got {type(spec).__name__}")
     for key in spec:
         if key not in SECTIONS:
-            hint = " (put it under [fixed] or [axes])" if key in _types() else ""
+            hint = " (put it under [fixed] or [axes])" if key in ARG_SPECS else ""
             raise CLIError(f"sweep spec: unknown section {key!r}{hint}: use [fixed], [axes], [[cells]]")
     fixed, axes, extra = spec.get("fixed", {}), spec.get("axes", {}), spec.get("cells", [])
     if not isinstance(fixed, Mapping):
@@ -199,11 +201,19 @@ def expand(spec: Mapping) -> list:
             raise CLIError(f"sweep spec [axes]: {key} must be a list of values, got {values!r}")
         if not values:
             raise CLIError(f"sweep spec [axes]: {key} is empty: give at least one value")
-        vals = [_value(key, v, f"sweep spec [axes] {key}") for v in values]
+        vals = [_value(key, v, "sweep spec [axes]") for v in values]
         for i, v in enumerate(vals):
             if v in vals[:i]:
                 raise CLIError(f"sweep spec [axes]: {key} lists {v!r} twice")
         grid[key] = vals
+    n_cells = math.prod(len(v) for v in grid.values()) * bool(grid) + len(extra) + (not grid and not extra)
+    if n_cells > MAX_CELLS:
+        sizes = " x ".join(f"{len(v)} {k}" for k, v in grid.items())
+        raise CLIError(f"sweep spec has {n_cells:,} cells ({sizes}{' + ' + str(len(extra)) if extra else ''}), "
+                       f"more than the limit of {MAX_CELLS:,}: split it into several specs (each its own --out) "
+                       "or shorten an axis")
+    if log is not None and n_cells >= 1000:
+        log(f"sweep: validating {n_cells:,} cells…")
     chosen = []
     if grid:
         names = list(grid)
@@ -218,7 +228,8 @@ def expand(spec: Mapping) -> list:
         try:
             cfg = validate_cell(resolve_cell(merged))
         except (CLIError, ValueError) as exc:
-            raise CLIError(f"sweep cell {n} ({_describe(values)}): {exc}") from None
+            kind = CLITypeError if isinstance(exc, TypeError) else CLIError
+            raise kind(f"sweep cell {n} ({_describe(values)}): {exc}") from None
         cid = cell_id(cfg)
         if cid in seen:
             raise CLIError(f"sweep cells {seen[cid]} and {n} ({_describe(values)}) resolve to the same config")
@@ -282,8 +293,11 @@ def run_cell(cfg: dict, cell_dir: str, figures: bool = False, log=None) -> dict:
     """The Dask task of one cell: run the main job into ``cell_dir``; return the cell's row.
 
     Never raises for a failing cell: the row says ``failed`` with the error in one line
-    (the traceback goes to ``cell_dir/error.txt``).
+    (the traceback goes to ``cell_dir/error.txt``). Starts with the worker set-up shared with
+    the distributed engine (:func:`popgrad.engine.distributed.prepare_worker`).
     """
+    from ..engine.distributed import prepare_worker
+
     t0 = time.perf_counter()
     lines = []
 
@@ -294,6 +308,7 @@ def run_cell(cfg: dict, cell_dir: str, figures: bool = False, log=None) -> dict:
 
     report, error = None, ""
     try:
+        prepare_worker()
         report = jobs.run(dict(cfg, out=cell_dir), resume=False, progress=False, log=_log, figures=figures)
     except Exception as exc:  # a failing cell is a result, not a crash of the sweep
         error = _one_line(exc)
@@ -335,6 +350,22 @@ def cached_report(cell_dir: str, cfg: dict) -> dict | None:
     return report if conf == want else None
 
 
+def cached_row(cell_dir: str, cfg: dict) -> dict | None:
+    """The results row of a cell already done, or ``None`` (run it): a ``report.json`` that is missing,
+    not JSON, of another config, or damaged in a way that still parses (a field of the wrong type or
+    missing, e.g. ``"checks": "x"``) counts as not done."""
+    report = cached_report(cell_dir, cfg)
+    if report is None:
+        return None
+    try:
+        row = summary_row(cfg, report)
+    except (TypeError, KeyError, ValueError, AttributeError, IndexError):
+        return None
+    if not isinstance(row.get("run_status"), str) or not isinstance(row.get("all_passed"), bool):
+        return None
+    return row
+
+
 # ------------------------------------------------------------------ output
 def _frame(rows: dict):
     """The results table: rows in cell order, fixed leading columns, then the rest by first appearance."""
@@ -365,16 +396,34 @@ def write_csv_atomic(path, df) -> None:
 
 
 # ----------------------------------------------------------------- cluster
-def _start_client(scheduler, workers):
+def check_workers(workers, n_cells: int | None = None):
+    """``--workers``: ``None`` (the cores) or an integer in ``1 .. MAX_WORKERS_PER_CORE x cores``."""
+    if workers is None:
+        return None
+    if isinstance(workers, bool) or not isinstance(workers, int):
+        raise CLITypeError(f"--workers {workers!r}: use an integer >= 1")
+    if workers < 1:
+        raise CLIError(f"--workers {workers}: use an integer >= 1")
+    cores = os.cpu_count() or 1
+    if workers > MAX_WORKERS_PER_CORE * cores:
+        raise CLIError(f"--workers {workers} is far above the {cores} cores of this machine (limit "
+                       f"{MAX_WORKERS_PER_CORE * cores} = {MAX_WORKERS_PER_CORE} x cores; every worker is a process "
+                       f"with its own memory): use --workers {cores}, or --scheduler for a larger cluster")
+    return workers
+
+
+def _start_client(scheduler, workers, n_cells, worker_timeout, log):
+    if scheduler:
+        return jobs.connect_scheduler(scheduler, worker_timeout, log), None
     from dask.distributed import Client, LocalCluster
 
-    if scheduler:
-        try:
-            return Client(scheduler, timeout="20s"), None
-        except (OSError, TimeoutError) as exc:
-            raise CLIError(f"cannot connect to the Dask scheduler at {scheduler}: {_one_line(exc)}") from None
-    n = workers or os.cpu_count() or 1
-    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, env={"NUMBA_NUM_THREADS": "1"})
+    from ..engine.distributed import worker_env
+
+    n = max(1, min(workers or os.cpu_count() or 1, n_cells))
+    with shield_children():  # a terminal Ctrl-C reaches this process only; it closes the workers
+        # Dask's warnings of an orderly shutdown (cancelled cells, a busy worker killed) are not the user's news
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, env=worker_env(),
+                               silence_logs=logging.ERROR)
     try:
         return Client(cluster), cluster
     except BaseException:
@@ -391,64 +440,83 @@ def _dashboard(client) -> str:
         return "unknown"
 
 
+def _check_client(client) -> None:
+    if not (hasattr(client, "submit") and hasattr(client, "scheduler_info")):
+        raise CLITypeError(f"client must be a dask.distributed.Client, got {type(client).__name__}")
+    if getattr(client, "status", "running") in ("closed", "closing"):
+        raise CLIError("client is closed: pass an open dask.distributed.Client, or client=None for a LocalCluster")
+
+
 def sweep(spec, client=None, out: str = "sweep_out", *, scheduler: str | None = None, workers: int | None = None,
-          figures: bool = False, progress: bool | None = None, retries: int = 2, log=print, cell_fn=None):
+          figures: bool = False, progress: bool | None = None, retries: int = 2, log=print, cell_fn=None,
+          worker_timeout: float = 60.0):
     """Run the main job on every cell of ``spec``; return the results table (a pandas DataFrame).
 
     ``spec``: a TOML path or a dict with ``fixed`` / ``axes`` / ``cells`` (module docstring).
     ``client``: a ``dask.distributed.Client`` to use (left open); else ``scheduler`` (an address)
-    is connected to, else a ``LocalCluster`` of ``workers`` processes (default ``os.cpu_count()``)
-    is started and closed. ``figures``: write each cell's PNGs. ``progress``: a progress bar over
-    cells (default: when stderr is a terminal). ``retries``: Dask retries of a task that errs.
-    ``log``: where the sweep's lines go. ``cell_fn``: the task function (default :func:`run_cell`,
-    same signature; for instrumentation and tests).
+    is connected to (waiting up to ``worker_timeout`` seconds for a first worker), else a
+    ``LocalCluster`` of ``workers`` processes (default ``os.cpu_count()``, at most the cells to
+    run) is started and closed. ``figures``: write each cell's PNGs. ``progress``: a progress bar
+    over cells (default: when stderr is a terminal). ``retries``: Dask retries of a task that
+    errs. ``log``: where the sweep's lines go. ``cell_fn``: the task function (default
+    :func:`run_cell`, same signature; for instrumentation and tests).
 
     Writes ``out/cells/<cell-id>/`` and ``out/results.csv``; cells already done are not rerun.
-    Raises :class:`popgrad.app.jobs.CLIError` for a bad spec or options, before anything is written.
+    ``out`` is locked for the sweep (a second sweep into it is refused). Raises
+    :class:`popgrad.app.jobs.CLIError` (a ``ValueError``; :class:`~popgrad.app.jobs.CLITypeError`,
+    also a ``TypeError``, for a value of the wrong type) for a bad spec or options, before
+    anything is written or any cluster is started.
     """
     spec_dict = spec if isinstance(spec, Mapping) else load_spec(spec)
-    cells = expand(spec_dict)
-    out = os.fspath(out)
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise CLIError(f"--out {out} exists and is not a folder: choose another --out")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise CLIError(f"--workers {workers}: use an integer >= 1")
-    if scheduler and (client is not None or workers is not None):
-        raise CLIError("--scheduler connects to an existing cluster: give neither a client nor --workers with it")
+    cells = expand(spec_dict, log=log)
+    out = check_output_dir(out, "--out", ("results.csv",))
+    workers = check_workers(workers)
+    if scheduler is not None:
+        scheduler = jobs.check_scheduler_address(scheduler)
+        if client is not None or workers is not None:
+            raise CLIError("--scheduler connects to an existing cluster: give neither a client nor --workers with it")
+    if client is not None:
+        _check_client(client)
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise CLIError(f"retries {retries!r}: use an integer >= 0")
+    if isinstance(worker_timeout, bool) or not isinstance(worker_timeout, (int, float)) or not worker_timeout > 0:
+        raise CLIError(f"--worker-timeout {worker_timeout!r}: use a number of seconds > 0")
     cell_fn = run_cell if cell_fn is None else cell_fn
     root = os.path.abspath(out)
     cells_dir = os.path.join(root, "cells")
     csv_path = os.path.join(root, "results.csv")
 
-    rows, todo = {}, []
-    for i, (cid, cfg) in enumerate(cells):
-        report = cached_report(os.path.join(cells_dir, cid), cfg)
-        if report is not None:
-            rows[i] = dict(summary_row(cfg, report), resumed=True)
-        else:
-            todo.append(i)
-    log(f"sweep: {len(cells)} cells, {len(cells) - len(todo)} already done in {out}, {len(todo)} to run")
-    t0 = time.perf_counter()
-    if not todo:
-        os.makedirs(root, exist_ok=True)
-        df = _frame(rows)
-        write_csv_atomic(csv_path, df)
-        log(f"results: {csv_path}")
-        return df
+    os.makedirs(root, exist_ok=True)
+    with FolderLock(root, "--out"):
+        rows, todo = {}, []
+        for i, (cid, cfg) in enumerate(cells):
+            row = cached_row(os.path.join(cells_dir, cid), cfg)
+            if row is not None:
+                rows[i] = dict(row, resumed=True)
+            else:
+                todo.append(i)
+        log(f"sweep: {len(cells)} cells, {len(cells) - len(todo)} already done in {out}, {len(todo)} to run")
+        write_csv_atomic(csv_path, _frame(rows))  # the folder takes a write (a full disk shows now, not later)
+        if not todo:
+            log(f"results: {csv_path}")
+            return _frame(rows)
+        return _run_cells(cells, rows, todo, client, scheduler, workers, worker_timeout, figures, progress, retries,
+                          log, cell_fn, cells_dir, csv_path)
 
+
+def _run_cells(cells, rows, todo, client, scheduler, workers, worker_timeout, figures, progress, retries, log,
+               cell_fn, cells_dir, csv_path):
     from dask.distributed import as_completed
     from tqdm.auto import tqdm
 
+    t0 = time.perf_counter()
     own = client is None
     cluster = futures = bar = None
     try:
         if own:
-            client, cluster = _start_client(scheduler, workers)
+            client, cluster = _start_client(scheduler, workers, len(todo), worker_timeout, log)
         log(f"Dask scheduler: {client.scheduler.address}; dashboard: {_dashboard(client)}")
         os.makedirs(cells_dir, exist_ok=True)
-        write_csv_atomic(csv_path, _frame(rows))
         token = os.urandom(4).hex()
         futures = {}
         for i in todo:
@@ -481,6 +549,9 @@ def sweep(spec, client=None, out: str = "sweep_out", *, scheduler: str | None = 
             client.close()
         if cluster is not None:
             cluster.close()
+        for i in todo:  # what cells cut short by an interrupt left behind (their processes are gone)
+            if i not in rows:
+                clear_stale(os.path.join(cells_dir, cells[i][0]))
     df = _frame(rows)
     failed = int((df["status"] != "ok").sum())
     log(f"sweep: {len(todo)} cell{'s' * (len(todo) != 1)} run in {time.perf_counter() - t0:.1f} s; "
@@ -491,16 +562,28 @@ def sweep(spec, client=None, out: str = "sweep_out", *, scheduler: str | None = 
 
 # --------------------------------------------------------------------- CLI
 def main_sweep(args) -> int:
-    """``popgrad sweep``: exit 0 (all ok), 1 (some cells failed), 2 (bad spec/options), 130 (interrupted)."""
+    """``popgrad sweep``: exit 0 (all ok), 1 (some cells failed), 2 (bad spec/options, unusable ``--out``,
+    a full disk), 130 (interrupted), 143 (terminated); every error one line on stderr."""
     try:
         df = sweep(args.spec, out=args.out, scheduler=args.scheduler, workers=args.workers, figures=args.figures,
-                   progress=False if args.no_progress else None)
-    except CLIError as exc:
-        print(f"popgrad: error: {exc}", file=sys.stderr)
+                   progress=False if args.no_progress else None, log=say, worker_timeout=args.worker_timeout)
+    except ValueError as exc:  # CLIError, OutputDirError
+        print(f"popgrad: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("popgrad: interrupted (finished cells are kept; rerun the same command to resume)", file=sys.stderr)
-        return 130
+    except OSError as exc:  # a full disk, a folder that vanished, ...
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"popgrad: error: cannot write{where}: {exc.strerror or exc} (finished cells are kept; rerun the same "
+              "command to resume)", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, Terminated) as exc:
+        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
+        print(f"popgrad: {what} (finished cells are kept; rerun the same command to resume)", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
+    except Exception:
+        if sigint_seen():  # a Ctrl-C that C code turned into another error (e.g. an interrupted import)
+            print("popgrad: interrupted (finished cells are kept; rerun the same command to resume)", file=sys.stderr)
+            return 130
+        raise
     failed = int((df["status"] != "ok").sum())
     if failed:
         print(f"popgrad: {failed} of {len(df)} cells failed (see {os.path.join(args.out, 'results.csv')})",

@@ -51,7 +51,8 @@ from .._validation import ArgumentTypeError
 from . import single as _single
 from .blocks import Partials, concat_partials
 
-__all__ = ["run_blocks", "check_client", "chunk_bounds", "worker_stats", "clear_worker_caches", "MISSING"]
+__all__ = ["run_blocks", "check_client", "chunk_bounds", "worker_stats", "clear_worker_caches",
+           "prepare_worker", "worker_env", "MISSING"]
 
 #: What a worker answers when it does not hold the task (the client then resends it).
 MISSING = "popgrad-task-missing"
@@ -116,7 +117,9 @@ _SENT_LOCK = threading.Lock()
 
 def _workers(client):
     """``[(address, worker id)]`` of the client's workers, sorted by address."""
-    info = client.scheduler_info()["workers"]
+    if getattr(client, "status", "running") in ("closed", "closing"):
+        raise ValueError("client is closed: pass an open dask.distributed.Client (or client=None)")
+    info = client.scheduler_info().get("workers")
     if not info:
         raise RuntimeError("the Dask client has no workers: start some (e.g. `dask worker ADDRESS --nthreads 1` "
                            "with NUMBA_NUM_THREADS=1) or use client=None")
@@ -218,35 +221,51 @@ def _run_chunk(fp, task, run, job, lo, hi):
         _STATS["chunks"] += 1
     if held is None:
         return MISSING
-    _threads()
+    prepare_worker()
     loss, G, dA2 = run(held, job, lo, hi)
     if not job.want_grad:  # a loss-only job ships no gradient slots (finish_blocks only sums them)
         G, dA2 = np.zeros(G.shape[:-2] + (1, 1)), np.zeros(dA2.shape[:-2] + (1, 1))
     return loss, G, dA2
 
 
+#: The environment of a worker that :func:`worker_env` gives: one numba thread per worker process.
+WORKER_ENV = {"NUMBA_NUM_THREADS": "1"}
 _ENV_CHECKED = []
 
 
-def _threads() -> int:
-    """numba's thread count on this worker, after reconciling ``NUMBA_NUM_THREADS`` (once per process).
+def worker_env() -> dict:
+    """Environment variables for the worker processes of a cluster popgrad starts (``popgrad sweep``)."""
+    return dict(WORKER_ENV)
 
-    A worker process that imported numba before its Nanny set ``NUMBA_NUM_THREADS``
-    (spawned children re-import the parent's main script, e.g. ``popgrad`` itself)
-    has a thread pool of the default size while the environment says otherwise,
-    and numba's next compilation would raise ("Cannot set NUMBA_NUM_THREADS to a
-    different value once the threads have been launched"). Make the environment
-    agree with the pool, and use the requested number of threads from it.
+
+def prepare_worker() -> int:
+    """The one worker set-up of popgrad's Dask tasks (sweep cells and enumeration chunks); returns numba's
+    thread count for this task.
+
+    A worker process may import numba *before* its Nanny sets ``NUMBA_NUM_THREADS``
+    (a spawned child re-imports the parent's main module, e.g. the ``popgrad`` command,
+    which imports numba). numba then holds the default thread count while the
+    environment says otherwise, and once its pool has launched, the next compilation
+    raises "Cannot set NUMBA_NUM_THREADS to a different value once the threads have
+    been launched". This reconciles the two once per process -- the environment is set
+    to the count numba already holds, so no compilation can raise -- and, on every call
+    (the setting is per thread), limits the calling thread to the requested number
+    (``numba.set_num_threads``). Results never depend on it (DESIGN: thread-count
+    independent kernels).
     """
     import os
 
     import numba
 
+    have = numba.config.NUMBA_NUM_THREADS
+    want = os.environ.get("NUMBA_NUM_THREADS", "").strip()
     if not _ENV_CHECKED:
-        want = os.environ.get("NUMBA_NUM_THREADS")
-        have = numba.config.NUMBA_NUM_THREADS
-        if want is not None and want.strip().isdigit() and int(want) != have:
+        if want and want != str(have):
             os.environ["NUMBA_NUM_THREADS"] = str(have)
-            numba.set_num_threads(max(1, min(int(want), have)))
-        _ENV_CHECKED.append(True)
+        _ENV_CHECKED.append(want)
+    want = _ENV_CHECKED[0]
+    if want.isdigit() and int(want) >= 1:
+        n = min(int(want), have)
+        if numba.get_num_threads() != n:
+            numba.set_num_threads(n)
     return numba.get_num_threads()

@@ -59,13 +59,47 @@ def stationary_distribution(pi) -> np.ndarray:
         Non-negative, sums to one, ``mu @ pi = mu``. For a reducible chain
         the GTH elimination returns one stationary distribution (supported on
         a closed class).
+
+    Raises
+    ------
+    TypeError
+        ``pi`` is not an array of real numbers.
+    ValueError
+        ``pi`` is not square, or not row-stochastic: an entry is negative or
+        not finite, or a row does not sum to one (within ``1e-9``).
     """
-    pi = np.asarray(pi, dtype=np.float64)
+    pi = _as_stochastic(pi)
     if pi.ndim == 3:
         return np.stack([_gth(p) for p in pi]) if len(pi) else np.zeros((0, pi.shape[-1]))
-    if pi.ndim != 2 or pi.shape[0] != pi.shape[1]:
-        raise ValueError(f"transition matrix must be square (S, S), got shape {pi.shape}")
     return _gth(pi)
+
+
+#: How far a row of a transition matrix may sum from one (rounding of the caller's arithmetic).
+STOCHASTIC_ATOL = 1e-9
+
+
+def _as_stochastic(pi) -> np.ndarray:
+    """``pi`` as float64 row-stochastic matrices of shape (S, S) or (K, S, S), or a one-line error."""
+    from .._validation import as_heads, as_square
+
+    arr = np.asarray(pi) if not isinstance(pi, np.ndarray) else pi
+    if arr.ndim == 3:
+        pi = as_heads(arr, "pi")
+    else:
+        if arr.ndim != 2 or arr.shape[0] != arr.shape[1]:
+            raise ValueError(f"transition matrix must be square (S, S), got shape {arr.shape}")
+        pi = as_square(arr, "pi")
+    if pi.size and pi.min() < 0:
+        idx = tuple(int(x) for x in np.argwhere(pi < 0)[0])
+        raise ValueError(f"pi[{', '.join(map(str, idx))}] = {pi[idx]!r} is negative: a transition matrix holds "
+                         "probabilities pi[a, b] = π(b | a) >= 0")
+    sums = pi.sum(axis=-1)
+    bad = np.abs(sums - 1.0) > STOCHASTIC_ATOL
+    if np.any(bad):
+        idx = tuple(int(x) for x in np.argwhere(bad)[0])
+        raise ValueError(f"row {', '.join(map(str, idx))} of pi sums to {sums[idx]!r}, not 1: a transition matrix "
+                         "is row-stochastic (normalize each row)")
+    return pi
 
 
 def _gth(p: np.ndarray) -> np.ndarray:

@@ -280,8 +280,9 @@ def run_schedule(task, cfg, state, evaluate, attention, *, eta1, eta2, checkpoin
     ``evaluate(t, stage, record) -> StepValues`` computes what step ``t``
     needs at ``state.A1, state.A2``; ``attention(A1)`` gives the recorded
     attention-to-parent array. The loop records, stops on divergence
-    (non-finite values, or ``cfg.divergence_patience`` consecutive loss
-    increases), applies the update of the schedule (two-stage: ``A1`` for
+    (non-finite values, ``cfg.divergence_patience`` consecutive loss
+    increases or steps above the lowest loss, or a final loss more than
+    :data:`DIVERGENCE_RTOL` above the lowest), applies the update of the schedule (two-stage: ``A1`` for
     ``t < steps1``, then ``A2``; joint: both), writes checkpoints and
     returns the :class:`Trajectory`.
     """
@@ -326,6 +327,9 @@ def run_schedule(task, cfg, state, evaluate, attention, *, eta1, eta2, checkpoin
                 _diverge(state, why)
                 break
         if t == total:
+            why = _final_excess(state, loss, t)
+            if why:
+                _diverge(state, why)
             break
         # --- update (step t -> t+1); an overflow is caught at the top of the next step
         with np.errstate(over="ignore", invalid="ignore"):
@@ -370,6 +374,17 @@ def _track_loss(state, cfg, loss: float, t: int) -> str:
     if state.above_best >= cfg.divergence_patience:
         return (f"loss stayed more than {DIVERGENCE_RTOL:.0%} above its lowest value {state.best_loss:.6g} for "
                 f"{state.above_best} steps (step {t}, loss {loss:.6g}): lower lr1/lr2")
+    return ""
+
+
+def _final_excess(state, loss: float, t: int) -> str:
+    """The end-of-run rule: a final loss more than :data:`DIVERGENCE_RTOL` above the lowest loss of the run
+    counts as divergence, however few steps were left for the patience rule (``""`` otherwise)."""
+    if math.isnan(loss) or not math.isfinite(state.best_loss):
+        return ""
+    if loss > state.best_loss + DIVERGENCE_RTOL * abs(state.best_loss):
+        return (f"the final loss {loss:.6g} (step {t}) is more than {DIVERGENCE_RTOL:.0%} above the lowest loss of "
+                f"the run, {state.best_loss:.6g}: lower lr1/lr2")
     return ""
 
 

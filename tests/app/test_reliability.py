@@ -186,9 +186,14 @@ def test_stale_outputs_of_a_different_run_are_cleared(tmp_path, capsys):
 
 
 # --------------------------------------------------- 6. interrupts and pipes
+def _default_sigint():
+    """In the child: SIGINT as at a terminal, even when the tests run in the background (where it is ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(args, **kw):
     return subprocess.Popen([sys.executable, "-m", "popgrad.app.cli", *args], env=_env(), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint, **kw)
 
 
 @pytest.mark.parametrize("delay", [0.3, 1.5])

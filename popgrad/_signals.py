@@ -1,0 +1,179 @@
+"""Signals, Ctrl-C and closed pipes of the ``popgrad`` command: the one place that handles them.
+
+The library installs nothing: importing :mod:`popgrad` in a script, a
+notebook or a Dask worker leaves every signal handler and ``sys.excepthook``
+as it was. What this module offers:
+
+* :func:`install_import_guard` -- called first by ``popgrad/__init__.py``; it
+  acts only when this process *is* the ``popgrad`` command (``popgrad ...``
+  or ``python -m popgrad.app.cli``), never in a library user's process nor in
+  a child process of the command (multiprocessing / Dask workers inherit the
+  command's ``sys.argv`` but are not the command). Then a Ctrl-C while the
+  command is still importing prints one line and exits 130 (also when C code
+  turned the ``KeyboardInterrupt`` into another error: the command's SIGINT
+  handler notes that the signal came, :func:`sigint_seen`; one raised where
+  Python cannot propagate it, e.g. in an import-lock callback, is sent again
+  instead of printing "Exception ignored").
+* :func:`cli_session` -- the command's ``main`` (``run``, ``summary`` and
+  ``sweep`` alike) runs inside it: SIGTERM becomes :class:`Terminated`
+  (raised in the main thread, so ``finally`` blocks remove temporary files
+  and release locks), SIGINT stays ``KeyboardInterrupt``, and the import guard
+  steps aside (``main`` reports interrupts itself, with what was kept).
+* :func:`deferred` -- delay SIGINT / SIGTERM while a block runs (the renames of
+  :class:`popgrad._io.OutputDir`); installs handlers only for the block.
+* :func:`shield_children` -- start child processes (a Dask ``LocalCluster``'s
+  workers) with SIGINT blocked: a Ctrl-C at the terminal, sent to the whole
+  process group, reaches only the command, which then closes its workers.
+* :func:`say` -- ``print`` that survives a closed pipe (``popgrad ... | head -1``).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+
+__all__ = ["Terminated", "install_import_guard", "is_cli_process", "cli_session", "deferred", "shield_children",
+           "say", "sigint_seen"]
+
+_CLI_MODULES = ("popgrad.app.cli", "popgrad")
+_STATE = {"guard": False, "session": False, "sigint": False}
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that ``finally`` blocks (temporary files, locks) run."""
+
+
+def is_cli_process() -> bool:
+    """True when this process is the ``popgrad`` command itself (not a library user, not a child process)."""
+    orig = list(getattr(sys, "orig_argv", None) or sys.argv)
+    if any("multiprocessing" in a for a in orig):  # a spawned / forkserver child: it inherits sys.argv only
+        return False
+    if sys.argv and os.path.basename(sys.argv[0]) == "popgrad":
+        return True
+    return any(a == "-m" and i + 1 < len(orig) and orig[i + 1] in _CLI_MODULES for i, a in enumerate(orig))
+
+
+def _on_sigint(signum, frame):
+    """The command's SIGINT handler: ``KeyboardInterrupt``, as Python's own, and a note that it came.
+
+    C code may turn the ``KeyboardInterrupt`` into another error (an import interrupted
+    inside ``PyCapsule_Import`` becomes an ``ImportError``); the note lets the command
+    still report the interrupt (one line, 130) instead of that error's traceback.
+    """
+    _STATE["sigint"] = True
+    raise KeyboardInterrupt
+
+
+def _unraisable(unraisable, _previous=sys.unraisablehook):
+    """A ``KeyboardInterrupt`` raised where Python cannot propagate it (a weakref callback of the import
+    system, a ``__del__``): no "Exception ignored" traceback; the signal is sent again, so the
+    interrupt reaches the command's own code at its next step."""
+    if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        return
+    _previous(unraisable)
+
+
+def sigint_seen() -> bool:
+    """True once the command has received SIGINT (whatever exception it became)."""
+    return _STATE["sigint"]
+
+
+def _import_hook(exc_type, exc, tb, _previous=sys.excepthook):
+    interrupted = issubclass(exc_type, KeyboardInterrupt) or _STATE["sigint"]
+    if interrupted and _STATE["guard"] and not _STATE["session"]:
+        sys.stderr.write("popgrad: interrupted (nothing was written)\n")
+        sys.stderr.flush()
+        os._exit(130)
+    _previous(exc_type, exc, tb)
+
+
+def install_import_guard() -> None:
+    """In the ``popgrad`` command only (:func:`is_cli_process`): a Ctrl-C during its imports is one line, 130."""
+    if not _STATE["guard"] and is_cli_process() and sys.excepthook is sys.__excepthook__:
+        sys.excepthook = _import_hook
+        _STATE["guard"] = True
+        try:
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when SIGINT is ignored
+                signal.signal(signal.SIGINT, _on_sigint)
+                if sys.unraisablehook is sys.__unraisablehook__:
+                    sys.unraisablehook = _unraisable
+        except (ValueError, OSError):  # not the main thread
+            pass
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextmanager
+def cli_session():
+    """The command's signal handling for the duration of ``main`` (see the module doc)."""
+    old = None
+    if threading.current_thread() is threading.main_thread():
+        try:
+            old = signal.signal(signal.SIGTERM, _raise_terminated)
+        except (ValueError, OSError):
+            old = None
+    _STATE["session"] = True
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+@contextmanager
+def deferred():
+    """Delay SIGINT/SIGTERM until the block is done (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending = []
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old[sig] = signal.signal(sig, lambda s, f: pending.append(s))
+        except (ValueError, OSError):
+            pass
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        for sig in pending:
+            os.kill(os.getpid(), sig)
+
+
+@contextmanager
+def shield_children():
+    """Processes and threads started inside the block have SIGINT blocked (POSIX; elsewhere a no-op).
+
+    The signal mask is inherited by threads created here (a Dask event loop) and by the
+    processes they spawn (its workers), so a terminal Ctrl-C is seen by this process only.
+    A SIGINT that arrives meanwhile is delivered here when the block ends.
+    """
+    block = getattr(signal, "pthread_sigmask", None)
+    if block is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def say(text="") -> None:
+    """``print`` that survives a closed pipe (``popgrad run | head -1``): the run goes on, output is dropped."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
