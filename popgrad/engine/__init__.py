@@ -8,6 +8,7 @@
 * :mod:`.reference` -- NumPy references of every engine;
 * :mod:`.field` -- the Stage-1 field (DESIGN §12): ``stage1_field`` by enumeration or count generating
   functions, no ``S**T``;
+* :mod:`.noise` -- the per-sample gradient's exact mean and covariance (``gradient_noise``);
 * :mod:`.options` -- :class:`EngineOptions`, the engines' tunables in one object;
 * :mod:`.result` -- :class:`LossAndGrad` and the one softmax-Jacobian finish;
 * :mod:`._kernels` -- numba kernels only.
@@ -21,6 +22,7 @@ from .api import (
     exact_loss_multi,
     sampled_loss_and_grad,
 )
+from .noise import GradientNoise, flatten_grad, gradient_noise, gradient_noise_numpy, stage1_row_noise
 from .field import Stage1Field, field_atoms, stage1_field, stage1_field_from_atoms, stage1_field_numpy
 from .options import DEFAULT_OPTIONS, ENGINES, EngineOptions
 from .reference import exact_loss_and_grad_numpy
@@ -31,5 +33,6 @@ __all__ = [
     "exact_loss_and_grad", "exact_loss", "exact_loss_and_grad_numpy", "sampled_loss_and_grad", "clear_caches",
     "LossAndGrad", "EngineOptions", "DEFAULT_OPTIONS", "ENGINES", "symmetry_applies", "canonical_count",
     "canonical_sequences", "Stage1Field", "stage1_field", "stage1_field_from_atoms", "stage1_field_numpy",
-    "field_atoms", "exact_loss_and_grad_multi", "exact_loss_multi", "exact_loss_and_grad_multi_numpy",
+    "field_atoms", "GradientNoise", "gradient_noise", "gradient_noise_numpy", "flatten_grad",
+    "stage1_row_noise", "exact_loss_and_grad_multi", "exact_loss_multi", "exact_loss_and_grad_multi_numpy",
 ]
