@@ -20,8 +20,9 @@ __all__ = ["GRADIENTS", "SCHEDULES", "STAGE2_METHODS", "TrainConfig", "MultiHead
 
 
 #: Stage-1 gradients: the exact one (enumeration), the exact first-order field (DESIGN §12, any T),
-#: the idealized prediction of Knowl 3 (DESIGN §5, any T).
-GRADIENTS = ("exact", "field", "idealized")
+#: the idealized prediction of Knowl 3 (DESIGN §5, any T), or minibatch SGD as the official code runs it
+#: (a fresh seeded batch of ``batch_size`` samples with soft labels at every step, both stages).
+GRADIENTS = ("exact", "field", "idealized", "sgd")
 
 
 SCHEDULES = ("two-stage", "joint")
@@ -49,6 +50,7 @@ class TrainConfig:
     stage2: str = "exact"
     samples: int = 0
     sample_seed: int = 0
+    batch_size: int = 0
 
     def eta1(self, task: Task) -> float:
         """Stage-1 step size ``lr1 · S · T / β0``."""
@@ -76,8 +78,19 @@ class TrainConfig:
         as_int(self.sample_seed, "sample_seed", minimum=0)
         if self.stage2 == "sampled" and self.schedule != "two-stage":
             raise ValueError("stage2='sampled' needs schedule='two-stage' (A1 frozen while A2 trains on the sample)")
-        if self.schedule == "joint" and self.gradient != "exact":
-            raise ValueError("schedule='joint' needs gradient='exact' (the idealized gradient only covers Stage 1)")
+        if self.schedule == "joint" and self.gradient not in ("exact", "sgd"):
+            raise ValueError("schedule='joint' needs gradient='exact' or 'sgd' (the idealized gradient only covers "
+                             "Stage 1)")
+        as_int(self.batch_size, "batch_size", minimum=0)
+        if self.gradient == "sgd":
+            if self.batch_size < 1:
+                raise ValueError("gradient='sgd' needs batch_size >= 1 (the paper's code uses 1024)")
+            if self.stage2 != "exact":
+                raise ValueError("gradient='sgd' draws a fresh batch at every step of both stages: leave stage2 at "
+                                 "'exact' (stage2='sampled' is the fixed-sample Stage 2 of the population run)")
+        elif self.batch_size:
+            raise ValueError(f"batch_size={self.batch_size} is only used with gradient='sgd'; drop it or set "
+                             "gradient='sgd'")
         if self.eps is not None and not (math.isfinite(self.eps) and self.eps >= 0):
             raise ValueError(f"eps must be None or a finite number >= 0, got {self.eps}")
         return self
