@@ -5,10 +5,13 @@
   head specialization), one function per check for every task kind, thresholds documented there;
 * :mod:`.scale` -- checks at any ``T`` from the Stage-1 field (alignment rate, DPI in the field, roots);
 * :mod:`.sampled` -- checks beyond enumeration from a fixed sample (``kind="sampled"``, with standard errors);
+* :mod:`.sample_complexity` -- finite samples from the exact gradient noise: Stage-1 ``N_min`` (Gaussian
+  limit, simulated), the linear-response spread of SGD around the exact run;
 * :mod:`._kernels` -- numba kernels of the OOD check.
 """
 from .results import CheckResult, SweepFit, fit_power_law, not_applicable
 from .sampled import check_loss_convergence_sampled, check_ood_sampled
+from .sample_complexity import check_sample_complexity, sample_complexity_sweep, sgd_spread
 from .scale import (
     alignment_rate_sweep,
     check_alignment_rate,
@@ -41,5 +44,6 @@ __all__ = [
     "ood_transition", "sup_error_distribution",
     "check_alignment_rate", "alignment_rate_sweep", "check_field_dpi", "check_roots_at_scale", "default_alignment_T",
     "check_loss_convergence_sampled", "check_ood_sampled",
+    "check_sample_complexity", "sample_complexity_sweep", "sgd_spread",
     "reference_losses_multi", "check_loss_convergence_multi", "check_roots_multi",
 ]
