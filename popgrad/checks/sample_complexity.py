@@ -53,7 +53,7 @@ from ..engine.single import rows_loss_and_grad
 from ..task.tasks import Task
 from .results import CheckResult
 
-__all__ = ["RankingModel", "ranking_model", "simulate_ranking", "wilson_interval", "check_sample_complexity",
+__all__ = ["RankingModel", "ranking_model", "simulate_ranking", "joint_gaussian_probability", "wilson_interval", "check_sample_complexity",
            "sample_complexity_sweep", "fit_t_log_t", "SgdSpread", "sgd_spread", "SAMPLE_COMPLEXITY_STATEMENT"]
 
 SAMPLE_COMPLEXITY_STATEMENT = (
@@ -299,6 +299,34 @@ def simulate_ranking(task: Task, N: int, replicates: int, seed: int, beta0: floa
     lo, hi = wilson_interval(ok, replicates)
     return {"N": int(N), "replicates": int(replicates), "successes": int(ok), "frequency": ok / replicates,
             "ci95": (lo, hi), "kind": "sampled"}
+
+
+def joint_gaussian_probability(task: Task, N: int, draws: int = 200_000, seed: int = 0, beta0: float = 1e-3,
+                               A1=None, eps=None) -> dict:
+    """The ranking event's Gaussian-limit probability with the *full* ``dA1`` covariance (cross-row
+    correlations included), by Monte Carlo of that Gaussian (``draws`` seeded draws; small ``T``: it needs
+    :func:`popgrad.gradient_noise`). Returns ``{"value", "se", "draws"}``.
+    """
+    N = as_int(N, "N", minimum=1)
+    A1, A2, eps = _stage1_point(task, beta0, A1, eps)
+    T = task.T
+    gn = gradient_noise(task, A1, A2, eps)
+    D1 = T * (T + 1) // 2
+    r, c = np.tril_indices(T)
+    mean = -gn.mean.dA1[r, c]
+    X = np.random.default_rng(seed).multivariate_normal(mean, gn.cov[:D1, :D1] / N, size=int(draws), method="eigh")
+    full = np.zeros((int(draws), T, T))
+    full[:, r, c] = X
+    parents = task.graph.parents
+    ok = np.ones(int(draws), dtype=bool)
+    for i in range(1, T):
+        p = parents[i]
+        if p < 0:
+            continue
+        x = full[:, i, : i + 1]
+        ok &= np.all(x[:, [p]] > np.delete(x, p, axis=1), axis=1)
+    v = float(ok.mean())
+    return {"value": v, "se": math.sqrt(v * (1 - v) / draws), "draws": int(draws)}
 
 
 def fit_t_log_t(t_eff, n_min) -> dict:

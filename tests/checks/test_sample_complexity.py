@@ -83,3 +83,14 @@ def test_errors():
         checks.check_sample_complexity("chain")
     with pytest.raises(ValueError, match="level must be < 1"):
         checks.check_sample_complexity(pg.Task(pg.chain(4), PAIR), level=1.0)
+
+
+def test_full_covariance_gaussian_matches_simulation():
+    """With the cross-row covariance (gradient_noise) the Gaussian limit matches the simulated joint event."""
+    from popgrad.checks.sample_complexity import joint_gaussian_probability
+
+    task = pg.Task(pg.chain(6), PAIR)
+    N = ranking_model(task).n_min(0.5)
+    jg = joint_gaussian_probability(task, N, draws=100_000, seed=0)
+    sim = simulate_ranking(task, N, 2000, seed=3)
+    assert abs(jg["value"] - sim["frequency"]) < 4 * math.sqrt(0.25 / 2000) + 4 * jg["se"]
