@@ -101,7 +101,7 @@ def _jax_multi_sample_grad(A1, A2, eps):
 
 
 @pytest.mark.parametrize("build", [
-    lambda: pg.Task(pg.random_tree(6, seed=1), pg.dirichlet_prior(3, 1.0, 2, seed=0)),
+    lambda: pg.Task(pg.random_tree(5, seed=1), pg.dirichlet_prior(3, 1.0, 2, seed=0)),
     lambda: pg.Task(pg.chain(7), pg.FinitePrior([[[.8, .2], [.2, .8]], [[.2, .8], [.8, .2]]])),
     lambda: pg.Task(pg.icl_pairs(6), pg.dirichlet_prior(2, 0.5, 3, seed=2)),
 ])
@@ -227,3 +227,27 @@ def test_errors():
     with pytest.raises(pg.TaskTooLargeError):
         pg.gradient_noise(pg.Task(pg.chain(30), pg.dirichlet_prior(2, 1.0, 1, seed=0)),
                           np.zeros((30, 30)), np.zeros((2, 2)))
+
+
+def test_mean_matches_finite_differences_of_the_loss():
+    task = pg.Task(pg.random_tree(5, seed=2), pg.dirichlet_prior(2, 1.0, 2, seed=3))
+    A1, A2 = _params(task, 7, scale=0.5)
+    gn = pg.gradient_noise(task, A1, A2)
+    h = 1e-6
+    for (i, j) in [(2, 1), (3, 0), (4, 4)]:
+        E = np.zeros_like(A1)
+        E[i, j] = h
+        fd = (pg.exact_loss(task, A1 + E, A2) - pg.exact_loss(task, A1 - E, A2)) / (2 * h)
+        assert abs(fd - gn.mean.dA1[i, j]) <= 1e-8
+    for (a, b) in [(0, 1), (1, 0)]:
+        E = np.zeros_like(A2)
+        E[a, b] = h
+        fd = (pg.exact_loss(task, A1, A2 + E) - pg.exact_loss(task, A1, A2 - E)) / (2 * h)
+        assert abs(fd - gn.mean.dA2[a, b]) <= 1e-8
+
+
+def test_eps_zero_with_an_unpredictable_token_warns_and_gives_nan():
+    task = pg.Task(pg.chain(3), pg.FinitePrior([[[.8, .2], [.2, .8]]]))  # s = (0,0,0) with label mass on 1
+    with pytest.warns(RuntimeWarning):
+        gn = pg.gradient_noise(task, np.zeros((3, 3)), np.eye(2), eps=0.0)
+    assert np.isinf(gn.mean.loss) and np.all(np.isnan(gn.cov)) and np.isnan(gn.loss_var)
