@@ -48,8 +48,16 @@ from .result import LossAndGrad
 __all__ = ["GradientNoise", "gradient_noise", "gradient_noise_numpy", "flatten_grad", "stage1_row_noise",
            "RowNoise"]
 
-#: Sequences per block of the kernels (fixed: the block sums do not depend on the thread count).
+#: Sequences per block of the kernels, at least (fixed by ``S**T``: the block sums do not depend on the thread
+#: count); at most ``_MAX_BLOCKS`` blocks, so the per-block slots (``D×D`` or ``T×T×T`` each) stay small.
 _BLOCK = 2048
+_MAX_BLOCKS = 64
+
+
+def _blocks(n_sequences) -> tuple:
+    """``(n_blocks, block)`` covering ``n_sequences`` (a function of the count only)."""
+    n_blocks = min(_MAX_BLOCKS, max(1, -(-n_sequences // _BLOCK)))
+    return n_blocks, -(-n_sequences // n_blocks)
 
 
 class GradientNoise(NamedTuple):
@@ -138,20 +146,20 @@ def gradient_noise(task, A1, A2, eps=None) -> GradientNoise:
     A1, A2, eps = validate(task, A1, A2, eps)
     task.check_size()
     S, T = task.S, task.T
-    n_blocks = max(1, -(-task.n_sequences // _BLOCK))
+    n_blocks, block = _blocks(task.n_sequences)
     if isinstance(task, MultiParentTask):
         k = task.k
         D = k * (T * (T + 1) // 2 + S * S)
         P = np.ascontiguousarray(head_attention(A1))
         parents, tp, atoms, pk0 = task.kernel_arrays()
         mean_s, M2_s, mom_s = np.zeros((n_blocks, D)), np.zeros((n_blocks, D, D)), np.zeros((n_blocks, 2))
-        _kn.moments_multi(parents, tp, atoms, pk0, P, np.ascontiguousarray(A2), float(eps), _BLOCK,
+        _kn.moments_multi(parents, tp, atoms, pk0, P, np.ascontiguousarray(A2), float(eps), block,
                           mean_s, M2_s, mom_s)
     else:
         D = T * (T + 1) // 2 + S * S
         P = np.ascontiguousarray(first_layer_attention(A1))
         mean_s, M2_s, mom_s = np.zeros((n_blocks, D)), np.zeros((n_blocks, D, D)), np.zeros((n_blocks, 2))
-        _kn.moments_single(*task.kernel_arrays(), P, np.ascontiguousarray(A2), float(eps), _BLOCK,
+        _kn.moments_single(*task.kernel_arrays(), P, np.ascontiguousarray(A2), float(eps), block,
                            mean_s, M2_s, mom_s)
     return _assemble(task, _kn.sum_blocks(mean_s), _kn.sum_blocks(M2_s), _kn.sum_blocks(mom_s))
 
@@ -195,10 +203,10 @@ def stage1_row_noise(task, A1, A2, eps=None) -> RowNoise:
         raise ValueError("stage1_row_noise: single-parent tasks only; use gradient_noise(task, ...).row_cov")
     task.check_size()
     T = task.T
-    n_blocks = max(1, -(-task.n_sequences // _BLOCK))
+    n_blocks, block = _blocks(task.n_sequences)
     P = np.ascontiguousarray(first_layer_attention(A1))
     mean_s, R_s = np.zeros((n_blocks, T, T)), np.zeros((n_blocks, T, T, T))
-    _kn.row_moments_single(*task.kernel_arrays(), P, np.ascontiguousarray(A2), float(eps), _BLOCK, mean_s, R_s)
+    _kn.row_moments_single(*task.kernel_arrays(), P, np.ascontiguousarray(A2), float(eps), block, mean_s, R_s)
     mean, R = _kn.sum_blocks(mean_s), _kn.sum_blocks(R_s)
     row_cov = R - mean[:, :, None] * mean[:, None, :]
     return RowNoise(mean, 0.5 * (row_cov + np.swapaxes(row_cov, 1, 2)))

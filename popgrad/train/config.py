@@ -16,13 +16,15 @@ from dataclasses import dataclass
 from .._validation import as_int, as_real
 from ..task.tasks import Task
 
-__all__ = ["GRADIENTS", "SCHEDULES", "STAGE2_METHODS", "TrainConfig", "MultiHeadTrainConfig"]
+__all__ = ["GRADIENTS", "TRAIN_GRADIENTS", "SCHEDULES", "STAGE2_METHODS", "TrainConfig", "MultiHeadTrainConfig"]
 
 
 #: Stage-1 gradients: the exact one (enumeration), the exact first-order field (DESIGN §12, any T),
-#: the idealized prediction of Knowl 3 (DESIGN §5, any T), or minibatch SGD as the official code runs it
-#: (a fresh seeded batch of ``batch_size`` samples with soft labels at every step, both stages).
-GRADIENTS = ("exact", "field", "idealized", "sgd")
+#: the idealized prediction of Knowl 3 (DESIGN §5, any T).
+GRADIENTS = ("exact", "field", "idealized")
+#: What a run may follow: a population gradient, or minibatch SGD as the official code runs it (a fresh
+#: seeded batch of ``batch_size`` samples with soft labels at every step, both stages; the Python API only).
+TRAIN_GRADIENTS = GRADIENTS + ("sgd",)
 
 
 SCHEDULES = ("two-stage", "joint")
@@ -68,8 +70,8 @@ class TrainConfig:
             as_int(getattr(self, name), name, minimum=0)
         for name in ("record_every", "divergence_patience"):
             as_int(getattr(self, name), name, minimum=1)
-        if self.gradient not in GRADIENTS:
-            raise ValueError(f"gradient must be one of {GRADIENTS}, got {self.gradient!r}")
+        if self.gradient not in TRAIN_GRADIENTS:
+            raise ValueError(f"gradient must be one of {TRAIN_GRADIENTS}, got {self.gradient!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.stage2 not in STAGE2_METHODS:

@@ -67,3 +67,10 @@ def test_sgd_arguments(task):
         pg.train_two_stage(task, gradient="sgd", batch_size=10, stage2="sampled", **KW)
     with pytest.raises(ValueError, match="record_every=1"):
         sgd_spread(task, pg.train_two_stage(task, record_every=5, **KW), 100)
+
+
+def test_joint_sgd_moves_both_layers(task):
+    traj = pg.train_two_stage(task, gradient="sgd", batch_size=128, schedule="joint", sample_seed=0, steps1=5,
+                              steps2=5, record_every=1)
+    assert np.any(traj.A1[-1] != 0) and not np.allclose(traj.A2[-1], traj.A2[0])
+    assert np.all(np.isfinite(traj.loss))
