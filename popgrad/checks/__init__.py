@@ -7,6 +7,8 @@
   head specialization), one function per check for every task kind, thresholds documented there;
 * :mod:`.scale` -- checks at any ``T`` from the Stage-1 field (alignment rate, DPI in the field, roots);
 * :mod:`.sampled` -- checks beyond enumeration from a fixed sample (``kind="sampled"``, with standard errors);
+* :mod:`.sample_complexity` -- finite samples from the exact gradient noise: Stage-1 ``N_min`` (Gaussian
+  limit, simulated), the linear-response spread of SGD around the exact run;
 * :mod:`._kernels` -- numba kernels of the OOD check.
 """
 from .hypotheses import GAMMA_MIN, NEEDS, Hypotheses, Hypothesis, measure_hypotheses, within_hypotheses
@@ -14,6 +16,7 @@ from .results import (RATE_EXPONENT, STATUSES, CheckResult, SweepFit, all_passed
                       not_applicable, rate_status)
 from .stage2 import Stage2Optimum, converge_stage2, converged_loss_sweep
 from .sampled import check_loss_convergence_sampled, check_ood_sampled
+from .sample_complexity import check_sample_complexity, sample_complexity_sweep, sgd_spread
 from .scale import (
     alignment_rate_sweep,
     check_alignment_rate,
@@ -49,6 +52,7 @@ __all__ = [
     "ood_transition", "sup_error_distribution",
     "check_alignment_rate", "alignment_rate_sweep", "check_field_dpi", "check_roots_at_scale", "default_alignment_T",
     "check_loss_convergence_sampled", "check_ood_sampled",
+    "check_sample_complexity", "sample_complexity_sweep", "sgd_spread",
     "reference_losses_multi", "check_loss_convergence_multi", "check_roots_multi",
     "STATUSES", "RATE_EXPONENT", "all_passed", "inconclusive", "rate_status", "ood_verdict",
     "GAMMA_MIN", "NEEDS", "Hypothesis", "Hypotheses", "measure_hypotheses", "within_hypotheses",

@@ -13,7 +13,11 @@ The Stage-1 gradient is ``"exact"`` (enumeration,
 :func:`popgrad.exact_loss_and_grad`), ``"field"`` (the exact first-order field,
 :func:`popgrad.stage1_field`, any ``T``) or ``"idealized"``
 (:func:`popgrad.idealized_grad_A1`, polynomial in ``T``). Stage 2 uses the exact
-gradient, or the sample-average approximation (``stage2="sampled"``). ``schedule="joint"`` instead moves both matrices at
+gradient, or the sample-average approximation (``stage2="sampled"``).
+``gradient="sgd"`` is minibatch SGD as the official code runs it: at every
+step (both stages, or joint) a fresh batch of ``batch_size`` samples with soft
+labels from ``task.sample`` (seed ``(sample_seed, t)``: deterministic and
+resumable), the same step sizes and schedule. ``schedule="joint"`` instead moves both matrices at
 every step (as the paper's released code does), with the same ``η1``, ``η2``.
 
 Every computation is deterministic, so a run resumed from a checkpoint is
@@ -27,7 +31,8 @@ import numpy as np
 
 from ..engine.api import exact_loss, exact_loss_and_grad
 from ..engine.field import field_grad_A1, stage1_field
-from ..engine.sampled import SampledObjective, default_samples
+from ..engine.sampled import SampledObjective, default_samples, estimate
+from ..engine.single import rows_loss_and_grad, rows_losses
 from ..task.tasks import Task, TaskTooLargeError, check_task
 from ..theory.information import has_idealized_gradient, idealized_grad_A1
 from .config import TrainConfig
@@ -65,6 +70,7 @@ def train_two_stage(
     samples: int | None = None,
     sample_seed: int = 0,
     client=None,
+    batch_size: int = 0,
 ) -> Trajectory:
     """Run Algorithm 1 (or joint training) exactly and record the trajectory.
 
@@ -77,8 +83,14 @@ def train_two_stage(
         Learning rates in natural units: ``η1 = lr1·S·T/β0``, ``η2 = lr2·S``.
     steps1, steps2 : int
         ``τ1`` and ``τ2``.
-    gradient : {"exact", "field", "idealized"}
-        Stage-1 gradient. ``"field"``: the exact first-order (in ``β0``)
+    gradient : {"exact", "field", "idealized", "sgd"}
+        Stage-1 gradient. ``"sgd"``: minibatch SGD in both stages (and joint
+        training): step ``t`` draws a fresh batch ``task.sample(batch_size,
+        SeedSequence([sample_seed, t]))`` and follows the gradient of its mean
+        loss (soft labels), with the step sizes and schedule of the population run;
+        the recorded loss is the exact population loss when the task can be
+        enumerated (so it compares with an exact run), else the batch's estimate
+        with its standard error. ``"field"``: the exact first-order (in ``β0``)
         gradient ``-(β0/T) J(P_i) M_i`` of the Stage-1 field ``M``
         (:func:`popgrad.stage1_field`, computed once; DESIGN §12), so a step
         is ``A1_i += lr1·S·J(P_i) M_i``. ``"idealized"``: the prediction
@@ -116,7 +128,9 @@ def train_two_stage(
         that the loss's standard error is ``≤ 1e-3``
         (:func:`popgrad.engine.sampled.default_samples`).
     sample_seed : int
-        Seed of the Stage-2 sample.
+        Seed of the Stage-2 sample, or of the SGD batches.
+    batch_size : int
+        Samples per SGD step (``gradient="sgd"`` only; the paper's code uses 1024).
     client : dask.distributed.Client, optional
         Split every exact enumeration over its workers (:mod:`popgrad.engine.distributed`;
         bit-identical to ``None``, this process).
@@ -134,10 +148,10 @@ def train_two_stage(
     cfg = TrainConfig(
         beta0=beta0, lr1=lr1, steps1=steps1, lr2=lr2, steps2=steps2, gradient=gradient,
         schedule=schedule, record_every=record_every, eps=eps, divergence_patience=divergence_patience,
-        stage2=stage2, samples=samples, sample_seed=sample_seed,
+        stage2=stage2, samples=samples, sample_seed=sample_seed, batch_size=batch_size,
     ).validate()
     sampled = cfg.stage2 == "sampled" and cfg.steps2 > 0
-    if not enumerable and (cfg.gradient == "exact" or (cfg.steps2 > 0 and not sampled) or cfg.schedule == "joint"):
+    if not enumerable and cfg.gradient != "sgd" and (cfg.gradient == "exact" or (cfg.steps2 > 0 and not sampled) or cfg.schedule == "joint"):
         what = ("Exact Stage 2 (steps2 > 0)" if cfg.steps2 > 0 else "Joint training") if cfg.gradient != "exact" \
             else "The exact Stage-1 gradient"
         try:
@@ -167,7 +181,23 @@ def train_two_stage(
         raise ValueError("gradient='idealized' needs every prior draw to have stationary probabilities > 0 "
                          "(a reducible draw, e.g. from a small alpha, has zeros): use gradient='exact' or 'field'")
 
+    sgd_eps = task.default_eps if cfg.eps is None else cfg.eps
+
+    def sgd_step(t, stage, record) -> StepValues:
+        batch = task.sample(cfg.batch_size, np.random.SeedSequence([cfg.sample_seed, t]))
+        w = batch.targets / cfg.batch_size
+        res = rows_loss_and_grad(batch.seqs, w, state.A1, state.A2, sgd_eps, want_dA1=stage != 2)
+        loss, se = float("nan"), float("nan")
+        if record and enumerable:
+            loss = exact_loss(task, state.A1, state.A2, cfg.eps, client=client)
+        elif record:
+            est = estimate(rows_losses(batch.seqs, batch.targets, state.A1, state.A2, sgd_eps))
+            loss, se = est.value, est.se
+        return StepValues(loss, res.dA1, res.dA2, float("nan"), record, se)
+
     def evaluate(t, stage, record) -> StepValues:
+        if cfg.gradient == "sgd":
+            return sgd_step(t, stage, record)
         if sampled and cfg.steps1 <= t:  # Stage 2 (and the step that starts it) on the fixed sample
             obj = objective()
             res = obj.loss_and_grad(state.A1, state.A2, want_dA1=stage == 1 and field_M is None)

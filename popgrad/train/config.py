@@ -16,12 +16,15 @@ from dataclasses import dataclass
 from .._validation import as_int, as_real
 from ..task.tasks import Task
 
-__all__ = ["GRADIENTS", "SCHEDULES", "STAGE2_METHODS", "TrainConfig", "MultiHeadTrainConfig"]
+__all__ = ["GRADIENTS", "TRAIN_GRADIENTS", "SCHEDULES", "STAGE2_METHODS", "TrainConfig", "MultiHeadTrainConfig"]
 
 
 #: Stage-1 gradients: the exact one (enumeration), the exact first-order field (DESIGN §12, any T),
 #: the idealized prediction of Knowl 3 (DESIGN §5, any T).
 GRADIENTS = ("exact", "field", "idealized")
+#: What a run may follow: a population gradient, or minibatch SGD as the official code runs it (a fresh
+#: seeded batch of ``batch_size`` samples with soft labels at every step, both stages; the Python API only).
+TRAIN_GRADIENTS = GRADIENTS + ("sgd",)
 
 
 SCHEDULES = ("two-stage", "joint")
@@ -49,6 +52,7 @@ class TrainConfig:
     stage2: str = "exact"
     samples: int = 0
     sample_seed: int = 0
+    batch_size: int = 0
 
     def eta1(self, task: Task) -> float:
         """Stage-1 step size ``lr1 · S · T / β0``."""
@@ -66,8 +70,8 @@ class TrainConfig:
             as_int(getattr(self, name), name, minimum=0)
         for name in ("record_every", "divergence_patience"):
             as_int(getattr(self, name), name, minimum=1)
-        if self.gradient not in GRADIENTS:
-            raise ValueError(f"gradient must be one of {GRADIENTS}, got {self.gradient!r}")
+        if self.gradient not in TRAIN_GRADIENTS:
+            raise ValueError(f"gradient must be one of {TRAIN_GRADIENTS}, got {self.gradient!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.stage2 not in STAGE2_METHODS:
@@ -76,8 +80,19 @@ class TrainConfig:
         as_int(self.sample_seed, "sample_seed", minimum=0)
         if self.stage2 == "sampled" and self.schedule != "two-stage":
             raise ValueError("stage2='sampled' needs schedule='two-stage' (A1 frozen while A2 trains on the sample)")
-        if self.schedule == "joint" and self.gradient != "exact":
-            raise ValueError("schedule='joint' needs gradient='exact' (the idealized gradient only covers Stage 1)")
+        if self.schedule == "joint" and self.gradient not in ("exact", "sgd"):
+            raise ValueError("schedule='joint' needs gradient='exact' or 'sgd' (the idealized gradient only covers "
+                             "Stage 1)")
+        as_int(self.batch_size, "batch_size", minimum=0)
+        if self.gradient == "sgd":
+            if self.batch_size < 1:
+                raise ValueError("gradient='sgd' needs batch_size >= 1 (the paper's code uses 1024)")
+            if self.stage2 != "exact":
+                raise ValueError("gradient='sgd' draws a fresh batch at every step of both stages: leave stage2 at "
+                                 "'exact' (stage2='sampled' is the fixed-sample Stage 2 of the population run)")
+        elif self.batch_size:
+            raise ValueError(f"batch_size={self.batch_size} is only used with gradient='sgd'; drop it or set "
+                             "gradient='sgd'")
         if self.eps is not None and not (math.isfinite(self.eps) and self.eps >= 0):
             raise ValueError(f"eps must be None or a finite number >= 0, got {self.eps}")
         return self

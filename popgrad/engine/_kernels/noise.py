@@ -1,0 +1,398 @@
+"""Numba kernels of the per-sample gradient's exact moments (:mod:`popgrad.engine.noise`).
+
+A sample is ``(π, s)`` with the soft label ``y = π(·|q)``; its gradient is
+``∇ℓ = Σ_c y_c ∇ℓ_c(s)`` with ``ℓ_c = -log(f_c(s) + ε)``. Per sequence the
+kernels need the weights ``w(s, c) = Σ_k ρ_k p_k(s) π_k(c|q)`` and the
+second-moment matrix ``Y2(s)[c, c'] = Σ_k ρ_k p_k(s) π_k(c|q) π_k(c'|q)``;
+then, summed over all ``S**T`` sequences::
+
+    E[∇ℓ]      = Σ_s Σ_c  w(s,c)       ∇ℓ_c(s)
+    E[∇ℓ ∇ℓᵀ]  = Σ_s Σ_cc' Y2(s)[c,c'] ∇ℓ_c(s) ∇ℓ_c'(s)ᵀ
+    E[ℓ²]      = Σ_s Σ_cc' Y2(s)[c,c'] ℓ_c(s) ℓ_c'(s)
+
+Per token ``c`` the backward pass of DESIGN §4 with a one-hot weight gives
+``δ^c_i = -a_i([s_i = c] - f_c)/(f_c + ε)`` and, for one sample,
+``∂ℓ_c/∂A1[i,j] = δ^c_i Z_ij`` with ``Z_ij = P_ij (V_j - u_i)`` (the softmax
+Jacobian of row ``i`` applied to ``G[i, :] = δ_i V``), ``V_j = A2[q, s_j]``;
+``∂ℓ_c/∂A2[q, b] = Σ_{j: s_j = b} Σ_i δ^c_i P_ij`` (only row ``q`` moves).
+The k-head kernel uses the backward pass of :mod:`popgrad.engine.multi`
+per token, the softmax Jacobian applied per sample.
+
+Blocks of consecutive sequence numbers, one slot per block, summed in block
+order: the result does not depend on the thread count. ``cache=True``, no
+``fastmath``. NumPy reference: :func:`popgrad.engine.noise.gradient_noise_numpy`.
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from ...task._weights import decode_sequence
+
+
+@njit(cache=True)
+def _token_weights(s, parents, mu, atoms, prior_w, w, Y2):
+    """``w[c]`` and ``Y2[c, c']`` of one sequence (single-parent process, DESIGN §2)."""
+    K, S, _ = atoms.shape
+    T = s.shape[0]
+    q = s[T - 1]
+    for c in range(S):
+        w[c] = 0.0
+        for d in range(S):
+            Y2[c, d] = 0.0
+    for k in range(K):
+        p = prior_w[k] / S
+        for i in range(T - 1):
+            par = parents[i]
+            if par < 0:
+                p *= mu[k, s[i]]
+            else:
+                p *= atoms[k, s[par], s[i]]
+        if p != 0.0:
+            for c in range(S):
+                pc = p * atoms[k, q, c]
+                w[c] += pc
+                for d in range(S):
+                    Y2[c, d] += pc * atoms[k, q, d]
+
+
+@njit(cache=True)
+def _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2):
+    """``w[c]`` and ``Y2[c, c']`` of one sequence (k-parent process, DESIGN §9)."""
+    K = atoms.shape[0]
+    S = atoms.shape[2]
+    T, k = parents.shape
+    rt = 0
+    for h in range(k):
+        rt = rt * S + s[tp[h]]
+    for c in range(S):
+        w[c] = 0.0
+        for d in range(S):
+            Y2[c, d] = 0.0
+    for m in range(K):
+        p = pk0[m]
+        for i in range(T):
+            if parents[i, 0] >= 0:
+                row = 0
+                for h in range(k):
+                    row = row * S + s[parents[i, h]]
+                p *= atoms[m, row, s[i]]
+        if p != 0.0:
+            for c in range(S):
+                pc = p * atoms[m, rt, c]
+                w[c] += pc
+                for d in range(S):
+                    Y2[c, d] += pc * atoms[m, rt, d]
+
+
+@njit(cache=True)
+def _accumulate(g, idx, w, Y2, lc, mean, M2, h, moments):
+    """Add one sequence's moments: ``mean += Σ w_c g_c``, ``M2 += Σ Y2 g_c g_c'ᵀ`` (compressed ``g``
+    with global coordinates ``idx``), ``moments[0] += Σ w ℓ``, ``moments[1] += Σ Y2 ℓℓ``."""
+    S, n = g.shape
+    for c in range(S):
+        if w[c] != 0.0:
+            moments[0] += w[c] * lc[c]
+            for a in range(n):
+                mean[idx[a]] += w[c] * g[c, a]
+        for d in range(S):
+            moments[1] += Y2[c, d] * lc[c] * lc[d]
+    for c in range(S):
+        for a in range(n):
+            acc = 0.0
+            for d in range(S):
+                acc += Y2[c, d] * g[d, a]
+            h[c, a] = acc
+    for c in range(S):
+        for a in range(n):
+            ga = g[c, a]
+            if ga != 0.0:
+                ia = idx[a]
+                for b in range(n):
+                    M2[ia, idx[b]] += ga * h[c, b]
+
+
+@njit(cache=True, error_model="numpy")
+def _single_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, mean, M2, moments):
+    """Moments of the sequences ``b·block … min((b+1)·block, n_total) - 1`` (single-parent model)."""
+    S = A2.shape[0]
+    T = P.shape[0]
+    D1 = T * (T + 1) // 2
+    n = D1 + S
+    s = np.empty(T, dtype=np.int64)
+    w = np.empty(S)
+    Y2 = np.empty((S, S))
+    V = np.empty(T)
+    u = np.empty(T)
+    a = np.empty(T)
+    f = np.empty(S)
+    lc = np.empty(S)
+    g = np.empty((S, n))
+    h = np.empty((S, n))
+    idx = np.empty(n, dtype=np.int64)
+    delta = np.empty(T)
+    for a_ in range(D1):
+        idx[a_] = a_
+    for m in range(b * block, min((b + 1) * block, n_total)):
+        decode_sequence(m, S, T, s)
+        _token_weights(s, parents, mu, atoms, prior_w, w, Y2)
+        total = 0.0
+        for c in range(S):
+            total += w[c]
+        if total == 0.0:
+            continue
+        q = s[T - 1]
+        for j in range(T):
+            V[j] = A2[q, s[j]]
+        umax = -np.inf
+        for i in range(T):
+            acc = 0.0
+            for j in range(i + 1):
+                acc += P[i, j] * V[j]
+            u[i] = acc
+            if acc > umax:
+                umax = acc
+        z = 0.0
+        for i in range(T):
+            a[i] = math.exp(u[i] - umax)
+            z += a[i]
+        for c in range(S):
+            f[c] = 0.0
+        for i in range(T):
+            a[i] /= z
+            f[s[i]] += a[i]
+        for c in range(S):
+            idx[D1 + c] = D1 + q * S + c
+        for c in range(S):
+            for a_ in range(n):
+                g[c, a_] = 0.0
+            if w[c] == 0.0:  # Y2[c, c] = Σ ρ p π(c|q)² = 0 too: token c never carries weight here
+                lc[c] = 0.0
+                continue
+            fe = f[c] + eps
+            lc[c] = -math.log(fe)
+            inv = 1.0 / fe
+            for i in range(T):
+                delta[i] = -a[i] * ((1.0 if s[i] == c else 0.0) - f[c]) * inv
+            r = 0
+            for i in range(T):
+                di = delta[i]
+                for j in range(i + 1):
+                    g[c, r] = di * P[i, j] * (V[j] - u[i])
+                    r += 1
+            for j in range(T):
+                e = 0.0
+                for i in range(j, T):
+                    e += delta[i] * P[i, j]
+                g[c, D1 + s[j]] += e
+        _accumulate(g, idx, w, Y2, lc, mean, M2, h, moments)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def moments_single(parents, mu, atoms, prior_w, P, A2, eps, block, mean_s, M2_s, moments_s):
+    """Per-block first and second moments of the per-sample gradient (single-parent), parallel over blocks.
+
+    Slot ``b`` holds block ``b``'s sums: ``mean_s (n_blocks, D)``, ``M2_s (n_blocks, D, D)``,
+    ``moments_s (n_blocks, 2)`` (``Σ w ℓ``, ``Σ Y2 ℓℓ``); ``D = T(T+1)/2 + S²``.
+    """
+    S = A2.shape[0]
+    T = P.shape[0]
+    n_total = S**T
+    for b in prange(mean_s.shape[0]):
+        _single_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
+
+
+@njit(cache=True, error_model="numpy")
+def _multi_block(b, block, n_total, parents, tp, atoms, pk0, P, A2, eps, mean, M2, moments):
+    """Moments of one block of sequences (k-head model of :mod:`popgrad.engine.multi`)."""
+    k, S, _ = A2.shape
+    T = P.shape[1]
+    D1 = T * (T + 1) // 2
+    n = k * (D1 + S * S)
+    s = np.empty(T, dtype=np.int64)
+    w = np.empty(S)
+    Y2 = np.empty((S, S))
+    H = np.empty((k, T, S))
+    kap = np.empty((k, S))
+    u = np.empty(T)
+    a = np.empty(T)
+    f = np.empty(S)
+    lc = np.empty(S)
+    g = np.empty((S, n))
+    hh = np.empty((S, n))
+    idx = np.arange(n)
+    delta = np.empty(T)
+    eta = np.empty(S)
+    zeta = np.empty(S)
+    Grow = np.empty(T)
+    for m in range(b * block, min((b + 1) * block, n_total)):
+        decode_sequence(m, S, T, s)
+        _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2)
+        total = 0.0
+        for c in range(S):
+            total += w[c]
+        if total == 0.0:
+            continue
+        for hd in range(k):
+            for i in range(T):
+                for c in range(S):
+                    H[hd, i, c] = 0.0
+                for j in range(i + 1):
+                    H[hd, i, s[j]] += P[hd, i, j]
+            for c in range(S):
+                acc = 0.0
+                for bp in range(S):
+                    acc += H[hd, T - 1, bp] * A2[hd, bp, c]
+                kap[hd, c] = acc
+        umax = -np.inf
+        for i in range(T):
+            acc = 0.0
+            for hd in range(k):
+                for c in range(S):
+                    acc += H[hd, i, c] * kap[hd, c]
+            u[i] = acc
+            if acc > umax:
+                umax = acc
+        z = 0.0
+        for i in range(T):
+            a[i] = math.exp(u[i] - umax)
+            z += a[i]
+        for c in range(S):
+            f[c] = 0.0
+        for i in range(T):
+            a[i] /= z
+            f[s[i]] += a[i]
+        for c in range(S):
+            for a_ in range(n):
+                g[c, a_] = 0.0
+            if w[c] == 0.0:
+                lc[c] = 0.0
+                continue
+            fe = f[c] + eps
+            lc[c] = -math.log(fe)
+            inv = 1.0 / fe
+            for i in range(T):
+                delta[i] = -a[i] * ((1.0 if s[i] == c else 0.0) - f[c]) * inv
+            for hd in range(k):
+                for bb in range(S):
+                    acc = 0.0
+                    for i in range(T):
+                        acc += delta[i] * H[hd, i, bb]
+                    eta[bb] = acc
+                for bp in range(S):
+                    acc = 0.0
+                    for bb in range(S):
+                        acc += A2[hd, bp, bb] * eta[bb]
+                    zeta[bp] = acc
+                r = hd * D1
+                for i in range(T):
+                    dot = 0.0
+                    for j in range(i + 1):
+                        Grow[j] = delta[i] * kap[hd, s[j]] + (zeta[s[j]] if i == T - 1 else 0.0)
+                        dot += P[hd, i, j] * Grow[j]
+                    for j in range(i + 1):
+                        g[c, r] = P[hd, i, j] * (Grow[j] - dot)
+                        r += 1
+                o = k * D1 + hd * S * S
+                for bp in range(S):
+                    qb = H[hd, T - 1, bp]
+                    for bb in range(S):
+                        g[c, o + bp * S + bb] = qb * eta[bb]
+        _accumulate(g, idx, w, Y2, lc, mean, M2, hh, moments)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def moments_multi(parents, tp, atoms, pk0, P, A2, eps, block, mean_s, M2_s, moments_s):
+    """:func:`moments_single` for the k-head model; ``D = k·T(T+1)/2 + k·S²``."""
+    S = A2.shape[1]
+    T = P.shape[1]
+    n_total = S**T
+    for b in prange(mean_s.shape[0]):
+        _multi_block(b, block, n_total, parents, tp, atoms, pk0, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
+
+
+@njit(cache=True, error_model="numpy")
+def _rows_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, mean, R):
+    """Mean ``dA1`` and per-row second moments ``R[i, j, j']`` of one block (single-parent).
+
+    Per sequence ``R[i] += m_i(s) Z_i Z_iᵀ`` with ``m_i = Σ_cc' Y2[c,c'] δ^c_i δ^c'_i``.
+    """
+    S = A2.shape[0]
+    T = P.shape[0]
+    s = np.empty(T, dtype=np.int64)
+    w = np.empty(S)
+    Y2 = np.empty((S, S))
+    V = np.empty(T)
+    u = np.empty(T)
+    a = np.empty(T)
+    f = np.empty(S)
+    inv = np.empty(S)
+    dl = np.empty((S, T))
+    Z = np.empty(T)
+    for m in range(b * block, min((b + 1) * block, n_total)):
+        decode_sequence(m, S, T, s)
+        _token_weights(s, parents, mu, atoms, prior_w, w, Y2)
+        total = 0.0
+        for c in range(S):
+            total += w[c]
+        if total == 0.0:
+            continue
+        q = s[T - 1]
+        for j in range(T):
+            V[j] = A2[q, s[j]]
+        umax = -np.inf
+        for i in range(T):
+            acc = 0.0
+            for j in range(i + 1):
+                acc += P[i, j] * V[j]
+            u[i] = acc
+            if acc > umax:
+                umax = acc
+        z = 0.0
+        for i in range(T):
+            a[i] = math.exp(u[i] - umax)
+            z += a[i]
+        for c in range(S):
+            f[c] = 0.0
+        for i in range(T):
+            a[i] /= z
+            f[s[i]] += a[i]
+        for c in range(S):
+            inv[c] = 0.0 if w[c] == 0.0 else 1.0 / (f[c] + eps)
+            for i in range(T):
+                dl[c, i] = -a[i] * ((1.0 if s[i] == c else 0.0) - f[c]) * inv[c]
+        for i in range(T):
+            d1 = 0.0
+            m2 = 0.0
+            for c in range(S):
+                d1 += w[c] * dl[c, i]
+                for d in range(S):
+                    m2 += Y2[c, d] * dl[c, i] * dl[d, i]
+            for j in range(i + 1):
+                Z[j] = P[i, j] * (V[j] - u[i])
+                mean[i, j] += d1 * Z[j]
+            if m2 != 0.0:
+                for j in range(i + 1):
+                    mz = m2 * Z[j]
+                    for jj in range(i + 1):
+                        R[i, j, jj] += mz * Z[jj]
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def row_moments_single(parents, mu, atoms, prior_w, P, A2, eps, block, mean_s, R_s):
+    """Per-block mean ``dA1`` (``mean_s (n_blocks, T, T)``) and per-row second moments
+    (``R_s (n_blocks, T, T, T)``), parallel over blocks. Work ``O(T³)`` per sequence."""
+    S = A2.shape[0]
+    T = P.shape[0]
+    n_total = S**T
+    for b in prange(mean_s.shape[0]):
+        _rows_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], R_s[b])
+
+
+@njit(cache=True)
+def sum_blocks(x):
+    """``x[0] + x[1] + …`` in block order (fixed, thread-independent), returned."""
+    out = x[0].copy()
+    for b in range(1, x.shape[0]):
+        out += x[b]
+    return out

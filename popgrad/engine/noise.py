@@ -1,0 +1,318 @@
+"""The per-sample gradient's exact mean and covariance: the noise a sampled run sees (issue 22).
+
+A **sample** is ``(π, s)``: an atom ``π_k`` drawn with probability ``ρ_k``, a
+sequence ``s ~ P(· | π_k)``, and the soft label ``y = π_k(· | q)`` (as the
+official code and :meth:`popgrad.Task.sample` draw them). Its loss and
+gradient are::
+
+    ℓ(s, y) = Σ_c y_c ℓ_c(s),   ℓ_c(s) = -log(f_c(s) + ε),   ∇ℓ(s, y) = Σ_c y_c ∇ℓ_c(s).
+
+Over the task's finite prior, every moment is a finite sum over the ``S**T``
+sequences, with the weights ``w(s, c) = Σ_k ρ_k p_k(s) π_k(c|q)`` (DESIGN §2)
+for the mean and, for the second moment, the ``S×S`` matrix
+``Y2(s)[c, c'] = Σ_k ρ_k p_k(s) π_k(c|q) π_k(c'|q)``::
+
+    E[∇ℓ]     = Σ_s Σ_c   w(s,c)       ∇ℓ_c(s)                 (= the exact population gradient)
+    Cov[∇ℓ]   = Σ_s Σ_cc' Y2(s)[c,c']  ∇ℓ_c(s) ∇ℓ_c'(s)ᵀ  -  E[∇ℓ] E[∇ℓ]ᵀ
+    Var[ℓ]    = Σ_s Σ_cc' Y2(s)[c,c']  ℓ_c(s) ℓ_c'(s)      -  L²
+
+One enumeration pass, no sampling. A batch of ``B`` independent samples
+(the mean of their gradients) has covariance ``cov / B``.
+
+Coordinates: the gradient is flattened as
+``concat(dA1[np.tril_indices(T)], dA2.ravel())`` (``D = T(T+1)/2 + S²``);
+for a k-head task ``concat(dA1[0][tril], …, dA1[k-1][tril], dA2.ravel())``
+(``A1`` head by head, then ``A2`` head by head, ``D = k·T(T+1)/2 + k·S²``).
+:func:`flatten_grad` is that map.
+
+Kernels: :mod:`popgrad.engine._kernels.noise` (numba, blocks summed in
+order: thread-count independent); NumPy reference :func:`gradient_noise_numpy`
+(the per-token gradients of a chunk as arrays, ``Jᵀ Y2 J`` as one product).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from .._validation import warn_inf
+from ..model.multihead import _forward as multihead_forward
+from ..model.multihead import head_attention
+from ..model.reduced import first_layer_attention, softmax
+from ..task.tasks import MultiParentTask, decode_sequences, parent_rows
+from ._args import validate
+from ._kernels import noise as _kn
+from .result import LossAndGrad
+
+__all__ = ["GradientNoise", "gradient_noise", "gradient_noise_numpy", "flatten_grad", "stage1_row_noise",
+           "RowNoise"]
+
+#: Sequences per block of the kernels, at least (fixed by ``S**T``: the block sums do not depend on the thread
+#: count); at most ``_MAX_BLOCKS`` blocks, so the per-block slots (``D×D`` or ``T×T×T`` each) stay small.
+_BLOCK = 2048
+_MAX_BLOCKS = 64
+
+
+def _blocks(n_sequences) -> tuple:
+    """``(n_blocks, block)`` covering ``n_sequences`` (a function of the count only)."""
+    n_blocks = min(_MAX_BLOCKS, max(1, -(-n_sequences // _BLOCK)))
+    return n_blocks, -(-n_sequences // n_blocks)
+
+
+class GradientNoise(NamedTuple):
+    """Exact moments of the per-sample loss and gradient (module docstring).
+
+    Attributes
+    ----------
+    mean : LossAndGrad
+        ``E[ℓ]`` and ``E[∇ℓ]``: the exact population loss and gradient.
+    cov : ndarray of float64, shape (D, D)
+        ``Cov[∇ℓ]`` over the coordinates of :func:`flatten_grad`. A batch of
+        ``B`` samples has covariance ``cov / B``.
+    row_cov : ndarray of float64, shape (T, T, T), or (k, T, T, T)
+        ``row_cov[i] = Cov[dA1[i, :]]`` (head ``h``: ``row_cov[h, i]``); zero
+        outside ``[:i+1, :i+1]``.
+    loss_var : float
+        ``Var[ℓ]``.
+    """
+
+    mean: LossAndGrad
+    cov: np.ndarray
+    row_cov: np.ndarray
+    loss_var: float
+
+
+class RowNoise(NamedTuple):
+    """Mean ``dA1`` and its per-row covariances (:func:`stage1_row_noise`).
+
+    Attributes
+    ----------
+    dA1 : ndarray (T, T)
+        ``E[∇_{A1} ℓ]`` (the exact population ``dA1``).
+    row_cov : ndarray (T, T, T)
+        ``row_cov[i] = Cov[∇_{A1[i, :]} ℓ]`` of one sample.
+    """
+
+    dA1: np.ndarray
+    row_cov: np.ndarray
+
+
+def flatten_grad(dA1, dA2) -> np.ndarray:
+    """The coordinates of :attr:`GradientNoise.cov`: ``concat(dA1[tril], dA2.ravel())``, head by head.
+
+    Parameters
+    ----------
+    dA1 : array (T, T) or (k, T, T)
+    dA2 : array (S, S) or (k, S, S)
+
+    Returns
+    -------
+    ndarray of float64, shape (D,)
+    """
+    dA1 = np.asarray(dA1, dtype=np.float64)
+    dA2 = np.asarray(dA2, dtype=np.float64)
+    T = dA1.shape[-1]
+    r, c = np.tril_indices(T)
+    return np.concatenate([dA1[..., r, c].ravel(), dA2.ravel()])
+
+
+def gradient_noise(task, A1, A2, eps=None) -> GradientNoise:
+    """Exact mean and covariance of the per-sample gradient at ``(A1, A2)`` (module docstring).
+
+    Parameters
+    ----------
+    task : Task or MultiParentTask
+        Enumerable (``task.check_size()``).
+    A1 : array_like, shape (T, T), or (k, T, T)
+    A2 : array_like, shape (S, S), or (k, S, S)
+    eps : float, optional
+        Loss perturbation; default ``task.default_eps``.
+
+    Returns
+    -------
+    GradientNoise
+        ``mean`` (:class:`LossAndGrad`), ``cov`` (``D×D``), ``row_cov``, ``loss_var``.
+        With ``ε = 0`` and a token of positive weight with zero predicted mass the
+        loss is infinite: a ``RuntimeWarning``, and every moment is NaN.
+
+    Raises
+    ------
+    ValueError, TypeError
+        On a wrong task, shape, non-finite entry or ``eps``.
+    TaskTooLargeError
+        If ``S**T`` exceeds ``task.max_sequences``.
+    """
+    A1, A2, eps = validate(task, A1, A2, eps)
+    task.check_size()
+    S, T = task.S, task.T
+    n_blocks, block = _blocks(task.n_sequences)
+    if isinstance(task, MultiParentTask):
+        k = task.k
+        D = k * (T * (T + 1) // 2 + S * S)
+        P = np.ascontiguousarray(head_attention(A1))
+        parents, tp, atoms, pk0 = task.kernel_arrays()
+        mean_s, M2_s, mom_s = np.zeros((n_blocks, D)), np.zeros((n_blocks, D, D)), np.zeros((n_blocks, 2))
+        _kn.moments_multi(parents, tp, atoms, pk0, P, np.ascontiguousarray(A2), float(eps), block,
+                          mean_s, M2_s, mom_s)
+    else:
+        D = T * (T + 1) // 2 + S * S
+        P = np.ascontiguousarray(first_layer_attention(A1))
+        mean_s, M2_s, mom_s = np.zeros((n_blocks, D)), np.zeros((n_blocks, D, D)), np.zeros((n_blocks, 2))
+        _kn.moments_single(*task.kernel_arrays(), P, np.ascontiguousarray(A2), float(eps), block,
+                           mean_s, M2_s, mom_s)
+    return _assemble(task, _kn.sum_blocks(mean_s), _kn.sum_blocks(M2_s), _kn.sum_blocks(mom_s))
+
+
+def _assemble(task, mean, M2, moments) -> GradientNoise:
+    """``GradientNoise`` from the summed first and second moments (shared by kernel and reference)."""
+    S, T = task.S, task.T
+    k = task.k if isinstance(task, MultiParentTask) else None
+    loss = float(moments[0])
+    D1 = T * (T + 1) // 2
+    if not math.isfinite(loss):
+        warn_inf("gradient_noise")
+        mean = np.full_like(mean, np.nan)
+        M2 = np.full_like(M2, np.nan)
+    cov = M2 - np.outer(mean, mean)
+    cov = 0.5 * (cov + cov.T)
+    r, c = np.tril_indices(T)
+    heads = 1 if k is None else k
+    dA1 = np.zeros((heads, T, T))
+    dA1[:, r, c] = mean[: heads * D1].reshape(heads, D1)
+    dA2 = mean[heads * D1:].reshape(heads, S, S)
+    row_cov = np.zeros((heads, T, T, T))
+    for h in range(heads):
+        for i in range(T):
+            lo = h * D1 + i * (i + 1) // 2
+            row_cov[h, i, : i + 1, : i + 1] = cov[lo: lo + i + 1, lo: lo + i + 1]
+    loss_var = float(moments[1]) - loss * loss if math.isfinite(loss) else float("nan")
+    if k is None:
+        dA1, dA2, row_cov = dA1[0], dA2[0], row_cov[0]
+    return GradientNoise(LossAndGrad(loss, dA1, dA2), cov, row_cov, loss_var)
+
+
+def stage1_row_noise(task, A1, A2, eps=None) -> RowNoise:
+    """Mean ``dA1`` and its per-row covariances only, for a single-parent task (``O(T³)`` per sequence).
+
+    The rows of :func:`gradient_noise` (``row_cov`` equal to rounding) without the ``D×D`` matrix:
+    what the Stage-1 sample-complexity check needs, at ``T`` up to about 22 for ``S = 2``.
+    """
+    A1, A2, eps = validate(task, A1, A2, eps)
+    if isinstance(task, MultiParentTask):
+        raise ValueError("stage1_row_noise: single-parent tasks only; use gradient_noise(task, ...).row_cov")
+    task.check_size()
+    T = task.T
+    n_blocks, block = _blocks(task.n_sequences)
+    P = np.ascontiguousarray(first_layer_attention(A1))
+    mean_s, R_s = np.zeros((n_blocks, T, T)), np.zeros((n_blocks, T, T, T))
+    _kn.row_moments_single(*task.kernel_arrays(), P, np.ascontiguousarray(A2), float(eps), block, mean_s, R_s)
+    mean, R = _kn.sum_blocks(mean_s), _kn.sum_blocks(R_s)
+    row_cov = R - mean[:, :, None] * mean[:, None, :]
+    return RowNoise(mean, 0.5 * (row_cov + np.swapaxes(row_cov, 1, 2)))
+
+
+# ============================================================ NumPy reference
+def gradient_noise_numpy(task, A1, A2, eps=None, chunk=4096) -> GradientNoise:
+    """Plain-NumPy reference of :func:`gradient_noise` (same result up to rounding).
+
+    Per chunk: the per-atom probabilities ``p_k(s)``, hence ``w`` and ``Y2``;
+    the per-token gradients ``J[n, c, :] = flatten_grad(∇ℓ_c(s_n))`` as whole
+    arrays; then ``Σ_n J_nᵀ Y2_n J_n`` as one matrix product.
+    """
+    A1, A2, eps = validate(task, A1, A2, eps)
+    task.check_size()
+    S, T = task.S, task.T
+    multi = isinstance(task, MultiParentTask)
+    mean = M2 = None
+    moments = np.zeros(2)
+    for c0 in range(0, task.n_sequences, chunk):
+        seqs = decode_sequences(c0, min(c0 + chunk, task.n_sequences), S, T)
+        pk, lab = _atom_probs_multi(task, seqs) if multi else _atom_probs(task, seqs)  # (K, n), (K, n, S)
+        w = np.einsum("kn,knc->nc", pk, lab)
+        Y2 = np.einsum("kn,knc,knd->ncd", pk, lab, lab)
+        J, lc = _token_grads_multi(head_attention(A1), A2, seqs, eps) if multi else _token_grads(A1, A2, seqs, eps)
+        with np.errstate(invalid="ignore"):
+            J = np.where((w > 0)[:, :, None], J, 0.0)
+            lc = np.where(w > 0, lc, 0.0)
+        n, _, D = J.shape
+        YJ = np.einsum("ncd,nda->nca", Y2, J)
+        part_m = np.einsum("nc,nca->a", w, J)
+        part_2 = J.reshape(n * S, D).T @ YJ.reshape(n * S, D)
+        mean = part_m if mean is None else mean + part_m
+        M2 = part_2 if M2 is None else M2 + part_2
+        moments += [np.sum(w * lc), np.einsum("ncd,nc,nd->", Y2, lc, lc)]
+    return _assemble(task, mean, M2, moments)
+
+
+def _atom_probs(task, seqs):
+    """``(p_k(s_n) ρ_k, π_k(·|q_n))`` for a single-parent task: shapes ``(K, n)``, ``(K, n, S)``."""
+    parents, mu, atoms, prior_w = task.kernel_arrays()
+    S, T = task.S, task.T
+    p = np.tile((prior_w / S)[:, None], (1, len(seqs)))
+    for i in range(T - 1):
+        par = parents[i]
+        p = p * (mu[:, seqs[:, i]] if par < 0 else atoms[:, seqs[:, par], seqs[:, i]])
+    return p, atoms[:, seqs[:, T - 1], :]
+
+
+def _atom_probs_multi(task, seqs):
+    """``(p_m(s_n) ρ_m, π_m(·|parents of the target))`` for a k-parent task."""
+    parents, tp, atoms, pk0 = task.kernel_arrays()
+    S, T = task.S, task.T
+    p = np.tile(pk0[:, None], (1, len(seqs)))
+    for i in range(T):
+        if parents[i, 0] >= 0:
+            p = p * atoms[:, parent_rows(seqs, parents[i], S), seqs[:, i]]
+    return p, atoms[:, parent_rows(seqs, tp, S), :]
+
+
+def _token_grads(A1, A2, seqs, eps):
+    """Per-token gradients ``J (n, S, D)`` and losses ``ℓ_c (n, S)`` of the single-parent model."""
+    P = first_layer_attention(A1)
+    T, S = P.shape[0], A2.shape[0]
+    n = len(seqs)
+    q = seqs[:, T - 1]
+    V = A2[q[:, None], seqs]  # (n, T)
+    u = V @ P.T
+    a = softmax(u, axis=1)
+    onehot = (seqs[:, :, None] == np.arange(S)).astype(float)  # (n, T, S)
+    f = np.einsum("ni,nic->nc", a, onehot)
+    with np.errstate(divide="ignore"):
+        fe = f + eps
+        lc = -np.log(fe)
+        delta = -a[:, None, :] * (np.swapaxes(onehot, 1, 2) - f[:, :, None]) / fe[:, :, None]  # (n, S, T)
+    Z = P[None] * (V[:, None, :] - u[:, :, None])  # (n, T, T): Z[n, i, j] = P_ij (V_j - u_i)
+    r, c = np.tril_indices(T)
+    g1 = delta[:, :, r] * Z[:, None, r, c]  # (n, S, D1)
+    E = delta @ P  # (n, S, T): Σ_i δ_i P_ij
+    g2row = np.einsum("ncj,njb->ncb", E, onehot)  # (n, S, S): row q of dA2
+    g2 = np.zeros((n, S, S, S))
+    g2[np.arange(n), :, q, :] = g2row
+    return np.concatenate([g1, g2.reshape(n, S, S * S)], axis=2), lc
+
+
+def _token_grads_multi(P, A2, seqs, eps):
+    """Per-token gradients ``J (n, S, D)`` and losses of the k-head model (equations of :mod:`popgrad.engine.multi`)."""
+    k, T, _ = P.shape
+    S = A2.shape[1]
+    n = len(seqs)
+    f, a, H, Q, kappa, onehot = multihead_forward(P, A2, seqs)
+    with np.errstate(divide="ignore"):
+        fe = f + eps
+        lc = -np.log(fe)
+        delta = -a[:, None, :] * (np.swapaxes(onehot, 1, 2) - f[:, :, None]) / fe[:, :, None]  # (n, S, T)
+    eta = np.einsum("nci,nhib->nchb", delta, H)  # (n, S, k, S)
+    dA2 = np.einsum("nhp,nchb->nchpb", Q, eta)  # (n, S, k, S, S)
+    zeta = np.einsum("hpb,nchb->nchp", A2, eta)  # (n, S, k, S)
+    idx = np.broadcast_to(seqs[:, None, :], (n, k, T))
+    Vk = np.take_along_axis(kappa, idx, axis=2)  # (n, k, T): κ^h[s_j]
+    Zs = np.take_along_axis(zeta, np.broadcast_to(seqs[:, None, None, :], (n, S, k, T)), axis=3)  # ζ^h[s_j]
+    G = np.einsum("nci,nhj->nchij", delta, Vk)
+    G[:, :, :, T - 1, :] += Zs
+    low = np.tri(T, dtype=bool)
+    G = np.where(low, G, 0.0)
+    dA1 = P[None, None] * (G - np.sum(P[None, None] * G, axis=-1, keepdims=True))
+    r, c = np.tril_indices(T)
+    g1 = dA1[..., r, c].reshape(n, S, k * len(r))
+    return np.concatenate([g1, dA2.reshape(n, S, k * S * S)], axis=2), lc
