@@ -51,7 +51,7 @@ CHAIN5 = pg.Task(pg.chain(5), pg.dirichlet_prior(2, 1.0, 2, seed=0))
 def test_graph_recovery_value_and_threshold(C):
     mass = {1: 0.95, 2: 0.9, 3: 0.85}
     A1 = logits_for(rows_with_parent_mass(CHAIN5.graph, mass), 5)
-    res = check_graph_recovery(CHAIN5, A1, C=C)
+    res = check_graph_recovery(CHAIN5, A1, C=C, hypotheses=None)
     assert res.threshold == 1.0 - C / 5  # 1 - C/T
     assert abs(res.value - 0.85) <= 1e-14
     assert res.comparison == ">="
@@ -63,7 +63,7 @@ def test_graph_recovery_value_and_threshold(C):
 def test_graph_recovery_fails_between_one_minus_2C_over_T_and_one_minus_C_over_T():
     """Parent mass 0.7 on T = 5: below ``1 - 1/5 = 0.8`` (fail), above ``1 - 2/5 = 0.6`` (a weakened threshold passes)."""
     A1 = logits_for(rows_with_parent_mass(CHAIN5.graph, {1: 0.9, 2: 0.7, 3: 0.9}), 5)
-    res = check_graph_recovery(CHAIN5, A1)
+    res = check_graph_recovery(CHAIN5, A1, hypotheses=None)
     assert abs(res.value - 0.7) <= 1e-14 and res.threshold == 0.8
     assert not res.passed
 
@@ -71,11 +71,11 @@ def test_graph_recovery_fails_between_one_minus_2C_over_T_and_one_minus_C_over_T
 def test_graph_recovery_needs_the_parent_to_be_the_argmax():
     """Mass 0.45 on the parent beats ``1 - C/T = 0.4`` (C = 3) but another position gets 0.47."""
     A1 = logits_for(rows_with_parent_mass(CHAIN5.graph, {1: 0.9, 2: 0.9, 3: 0.45}, wrong_argmax={3}), 5)
-    res = check_graph_recovery(CHAIN5, A1, C=3.0)
+    res = check_graph_recovery(CHAIN5, A1, C=3.0, hypotheses=None)
     assert abs(res.value - 0.45) <= 1e-14 and abs(res.threshold - 0.4) <= 1e-15
     assert res.details["rows_with_wrong_argmax"] == [3]
     assert not res.passed
-    ok = check_graph_recovery(CHAIN5, logits_for(rows_with_parent_mass(CHAIN5.graph, {1: .9, 2: .9, 3: .45}), 5), C=3.0)
+    ok = check_graph_recovery(CHAIN5, logits_for(rows_with_parent_mass(CHAIN5.graph, {1: .9, 2: .9, 3: .45}), 5), C=3.0, hypotheses=None)
     assert ok.passed and ok.details["rows_with_wrong_argmax"] == []
 
 
@@ -83,7 +83,7 @@ def test_graph_recovery_on_a_forest_uses_only_non_roots():
     graph = pg.CausalGraph([-1, 0, -1, 2, 1, -1])  # roots 0, 2 and the query 5
     task = pg.Task(graph, pg.dirichlet_prior(2, 1.0, 2, seed=1))
     A1 = logits_for(rows_with_parent_mass(graph, {1: 0.99, 3: 0.9, 4: 0.92}), 6)
-    res = check_graph_recovery(task, A1)
+    res = check_graph_recovery(task, A1, hypotheses=None)
     assert sorted(res.details["per_row"]) == [1, 3, 4]
     assert abs(res.value - 0.9) <= 1e-14 and abs(res.threshold - (1 - 1 / 6)) <= 1e-15 and res.passed
 
@@ -183,9 +183,9 @@ def test_graph_recovery_at_the_threshold_passes():
     task = pg.Task(pg.chain(4), pg.dirichlet_prior(2, 1.0, 2, seed=0))
     A1 = np.zeros((4, 4))
     A1[2, 1] = 2.0
-    res = check_graph_recovery(task, A1, C=2.0)
+    res = check_graph_recovery(task, A1, C=2.0, hypotheses=None)
     assert res.value == 0.5 and res.threshold == 0.5 and res.passed
-    assert not check_graph_recovery(task, A1, C=1.9).passed
+    assert check_graph_recovery(task, A1, C=1.9, hypotheses=None).passed is False
 
 
 def test_graph_recovery_not_applicable_without_non_roots():
