@@ -151,7 +151,9 @@ class CatFormerJob(NamedTuple):
     n_last: int
     hinfo: np.ndarray
     Af: np.ndarray
+    AfT: np.ndarray
     W: np.ndarray
+    WT: np.ndarray
     eps: float
     softmax_readout: bool
     want_grad: bool
@@ -186,13 +188,15 @@ def make_job(task, model, params, eps, want_grad, opts) -> CatFormerJob:
             off += d * d
     hinfo = np.array(rows, dtype=np.int64)
     Af = np.ascontiguousarray(np.concatenate([a.reshape(-1) for a in params.A]))
+    AfT = np.ascontiguousarray(np.concatenate([a.transpose(0, 2, 1).reshape(-1) for a in params.A]))
     n_last = model.heads[-1]
     n_fixed, n_blocks = block_count(S, T, opts)
     import numba
 
     parallel = bool(n_blocks > 1 and task.n_sequences >= opts.parallel_min_sequences and numba.get_num_threads() > 1)
     return CatFormerJob("catformer", n_fixed, n_blocks, S, T, dims[0], dims[L - 1], len(rows) - n_last,
-                        len(rows) - n_last, n_last, hinfo, Af, np.ascontiguousarray(params.W), float(eps),
+                        len(rows) - n_last, n_last, hinfo, Af, AfT, np.ascontiguousarray(params.W),
+                        np.ascontiguousarray(params.W.T), float(eps),
                         model.readout == "softmax", bool(want_grad), parallel)
 
 
@@ -201,7 +205,8 @@ def weight_arrays(task):
 
     ``w(s, c) = Σ_k pk0[k] Π_t ftab[k, roff[t] + r_t(s), s_t] · ttab[k, troff + r_tp(s), c]``, with
     ``r_t(s) = Σ_h s[par[t, h]] S^{npar[t]-1-h}`` the flat row of position ``t``'s parents.
-    Returns ``(npar, par, roff, ftab, pk0, tnpar, tpar, troff, ttab)``.
+    Returns ``(npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT)``, the tables atoms last
+    (``ftabT[row, token, k] = ftab[k, row, token]``: the kernels' products run over contiguous atoms).
     """
     S, T = task.S, task.T
     if isinstance(task, MultiParentTask):
@@ -212,8 +217,8 @@ def weight_arrays(task):
         npar = np.where(root, 0, k).astype(np.int64)
         par = np.where(root[:, None], 0, parents).astype(np.int64)
         roff = np.where(root, 0, 1).astype(np.int64)
-        return (npar, np.ascontiguousarray(par), roff, np.ascontiguousarray(ftab), pk0, int(k),
-                np.ascontiguousarray(tp, dtype=np.int64), 0, atoms)
+        return (npar, np.ascontiguousarray(par), roff, _atoms_last(ftab), pk0, int(k),
+                np.ascontiguousarray(tp, dtype=np.int64), 0, _atoms_last(atoms))
     parents, mu, atoms, prior_w = task.kernel_arrays()
     K = atoms.shape[0]
     ftab = np.concatenate([np.ones((K, 1, S)), mu[:, None, :], atoms], axis=1)
@@ -225,8 +230,13 @@ def weight_arrays(task):
             roff[t] = 1
         else:
             npar[t], par[t, 0], roff[t] = 1, parents[t], 2
-    return (npar, par, roff, np.ascontiguousarray(ftab), np.ascontiguousarray(prior_w / S), 1,
-            np.array([T - 1], dtype=np.int64), 0, atoms)
+    return (npar, par, roff, _atoms_last(ftab), np.ascontiguousarray(prior_w / S), 1,
+            np.array([T - 1], dtype=np.int64), 0, _atoms_last(atoms))
+
+
+def _atoms_last(tab):
+    """``(K, R, S) -> (R, S, K)``, contiguous."""
+    return np.ascontiguousarray(np.transpose(tab, (1, 2, 0)))
 
 
 def run_chunk(task, job, lo, hi):
@@ -242,7 +252,7 @@ def run_chunk(task, job, lo, hi):
     dW_s = np.zeros((n,) + job.W.shape)
     kernel = _kc.run_blocks if job.parallel and n > 1 else _kc.run_blocks_serial
     kernel(lo, job.n_fixed, job.S, job.T, job.d0, job.dl1, job.n_inner, job.last0, job.n_last, job.hinfo, job.Af,
-           job.W, npar, par, roff, ftab, pk0, tnpar, tpar, troff, ttab, job.eps, job.softmax_readout, job.want_grad,
+           job.AfT, job.W, job.WT, npar, par, roff, ftab, pk0, tnpar, tpar, troff, ttab, job.eps, job.softmax_readout, job.want_grad,
            loss_s, dA_s, dW_s)
     return loss_s, dA_s, dW_s
 

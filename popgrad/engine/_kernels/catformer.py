@@ -40,67 +40,81 @@ from numba import njit, prange
 
 
 @njit(cache=True, error_model="numpy")
-def _row_forward(t, s, S, d0, g, hinfo, Af, H, Pr, U, write_out):
-    """Row ``t`` of head ``g``: ``u = H[t] Ã``, scores ``z_j = u · H[j]`` (``j ≤ t``), softmax, output."""
+def _row_forward(t, s, S, d0, g, hinfo, Af, H, Ht, Pr, U, o, write_out):
+    """Row ``t`` of head ``g``: ``u = H[t] Ã``, scores ``z_j = u · H[j]`` (``j ≤ t``), softmax, output.
+
+    The output ``Σ_j P_j H[j, :d_in]`` goes to ``H[t, out : out + d_in]`` and ``Ht`` when ``write_out``.
+    """
     din = hinfo[g, 1]
     oo = hinfo[g, 2]
     ao = hinfo[g, 3]
-    st = s[t]
-    r1 = ao + st * din
+    u = U[t, g]
+    r1 = ao + s[t] * din
     r2 = ao + (S + t) * din
     for b in range(din):
-        U[t, g, b] = Af[r1 + b] + Af[r2 + b]
+        u[b] = Af[r1 + b] + Af[r2 + b]
     for a in range(d0, din):
         x = H[t, a]
         if x != 0.0:
             ra = ao + a * din
             for b in range(din):
-                U[t, g, b] += x * Af[ra + b]
-    m = -np.inf
+                u[b] += x * Af[ra + b]
+    pr = Pr[t, g]
     for j in range(t + 1):
-        z = U[t, g, s[j]] + U[t, g, S + j]
-        for a in range(d0, din):
-            z += U[t, g, a] * H[j, a]
-        Pr[t, g, j] = z
-        if z > m:
-            m = z
+        pr[j] = u[s[j]] + u[S + j]
+    for a in range(d0, din):
+        ua = u[a]
+        hta = Ht[a]
+        for j in range(t + 1):
+            pr[j] += ua * hta[j]
+    m = pr[0]
+    for j in range(1, t + 1):
+        if pr[j] > m:
+            m = pr[j]
     tot = 0.0
     for j in range(t + 1):
-        e = np.exp(Pr[t, g, j] - m)
-        Pr[t, g, j] = e
+        e = np.exp(pr[j] - m)
+        pr[j] = e
         tot += e
     inv = 1.0 / tot
     for j in range(t + 1):
-        Pr[t, g, j] *= inv
+        pr[j] *= inv
     if write_out:
         for a in range(din):
-            H[t, oo + a] = 0.0
+            o[a] = 0.0
         for j in range(t + 1):
-            p = Pr[t, g, j]
-            H[t, oo + s[j]] += p
-            H[t, oo + S + j] += p
+            p = pr[j]
+            o[s[j]] += p
+            o[S + j] += p
+            hj = H[j]
             for a in range(d0, din):
-                H[t, oo + a] += p * H[j, a]
+                o[a] += p * hj[a]
+        for a in range(din):
+            H[t, oo + a] = o[a]
+            Ht[oo + a, t] = o[a]
 
 
 @njit(cache=True, error_model="numpy")
-def _scores_backward(t, s, S, d0, g, hinfo, Af, H, U, dzs, du, G, dA):
+def _scores_backward(t, s, S, d0, g, hinfo, Af, AfT, H, U, dzs, du, G, dA):
     """Adjoint of the scores ``z_j = H[t] Ã H[j]ᵀ`` of row ``t``, head ``g``, given ``dzs[j] = ∂L/∂z_j``.
 
-    ``du = Σ_j dz_j H[j]``; ``dÃ += H[t]ᵀ du``; ``G[t] += Ã du``; ``G[j] += dz_j u`` (coordinates ``≥ d_0``:
-    the input ``x̃`` needs no adjoint).
+    ``du = Σ_j dz_j H[j]``; ``dÃ += H[t]ᵀ du``; ``G[t] += Ã du``; ``G[j] += dz_j u`` (coordinates ``≥ d_0``
+    only: the input ``x̃`` needs no adjoint).
     """
     din = hinfo[g, 1]
     ao = hinfo[g, 3]
+    u = U[t, g]
     for b in range(din):
         du[b] = 0.0
     for j in range(t + 1):
         c = dzs[j]
         du[s[j]] += c
         du[S + j] += c
+        hj = H[j]
+        gj = G[j]
         for a in range(d0, din):
-            du[a] += c * H[j, a]
-            G[j, a] += c * U[t, g, a]
+            du[a] += c * hj[a]
+            gj[a] += c * u[a]
     r1 = ao + s[t] * din
     r2 = ao + (S + t) * din
     for b in range(din):
@@ -108,12 +122,17 @@ def _scores_backward(t, s, S, d0, g, hinfo, Af, H, U, dzs, du, G, dA):
         dA[r2 + b] += du[b]
     for a in range(d0, din):
         x = H[t, a]
-        ra = ao + a * din
-        acc = 0.0
-        for b in range(din):
-            dA[ra + b] += x * du[b]
-            acc += Af[ra + b] * du[b]
-        G[t, a] += acc
+        if x != 0.0:
+            ra = ao + a * din
+            for b in range(din):
+                dA[ra + b] += x * du[b]
+    gt = G[t]
+    for b in range(din):
+        c = du[b]
+        if c != 0.0:
+            rb = ao + b * din
+            for a in range(d0, din):
+                gt[a] += c * AfT[rb + a]
 
 
 @njit(cache=True, error_model="numpy")
@@ -127,105 +146,162 @@ def _softmax_backward(t, g, Pr, dP, dzs):
 
 
 @njit(cache=True, error_model="numpy")
-def _node_forward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, hw):
+def _node_forward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Ht, Pr, U, hw, o):
     """Row ``t`` of layers ``1 … L-1`` (heads ``0 … n_inner-1``) and ``hw[t, k] = H[t] W_k`` of the last heads."""
     for g in range(n_inner):
-        _row_forward(t, s, S, d0, g, hinfo, Af, H, Pr, U, True)
+        _row_forward(t, s, S, d0, g, hinfo, Af, H, Ht, Pr, U, o, True)
     nS = W.shape[1]
     for k in range(n_last):
         wo = hinfo[last0 + k, 2]
+        hk = hw[t, k]
         for c in range(nS):
-            v = W[wo + s[t], c] + W[wo + S + t, c]
-            for a in range(d0, dl1):
-                v += H[t, a] * W[wo + a, c]
-            hw[t, k, c] = v
+            hk[c] = W[wo + s[t], c] + W[wo + S + t, c]
+        for a in range(d0, dl1):
+            x = H[t, a]
+            if x != 0.0:
+                for c in range(nS):
+                    hk[c] += x * W[wo + a, c]
 
 
 @njit(cache=True, error_model="numpy")
-def _node_backward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, G, Ghw, dA, dW, dP, dzs, du):
+def _node_backward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, AfT, W, WT, H, Ht, Pr, U, G, Ghw, dA, dW,
+                   dP, dzs, du):
     """Back-propagate row ``t`` (its ``hw[t]``, then layers ``L-1 … 1``) from the adjoints ``G[t]``, ``Ghw[t]``.
 
-    Adds into ``dA``, ``dW`` and ``G[j]`` for ``j ≤ t``; then zeroes ``G[t]``, ``Ghw[t]`` (the next sibling).
+    Adds into ``dA``, ``dW`` and ``G[j]`` for ``j ≤ t``; then zeroes ``G[t]``, ``Ghw[t]`` (for the next sibling).
     """
     nS = W.shape[1]
+    gt = G[t]
     for k in range(n_last):
         wo = hinfo[last0 + k, 2]
+        gk = Ghw[t, k]
         for c in range(nS):
-            gc = Ghw[t, k, c]
-            dW[wo + s[t], c] += gc
-            dW[wo + S + t, c] += gc
-            for a in range(d0, dl1):
-                dW[wo + a, c] += H[t, a] * gc
+            dW[wo + s[t], c] += gk[c]
+            dW[wo + S + t, c] += gk[c]
         for a in range(d0, dl1):
-            acc = 0.0
-            for c in range(nS):
-                acc += W[wo + a, c] * Ghw[t, k, c]
-            G[t, a] += acc
+            x = H[t, a]
+            if x != 0.0:
+                for c in range(nS):
+                    dW[wo + a, c] += x * gk[c]
+        for c in range(nS):
+            gc = gk[c]
+            if gc != 0.0:
+                wt = WT[c]
+                for a in range(d0, dl1):
+                    gt[a] += gc * wt[wo + a]
     for g in range(n_inner - 1, -1, -1):
         din = hinfo[g, 1]
         oo = hinfo[g, 2]
         for j in range(t + 1):
-            v = G[t, oo + s[j]] + G[t, oo + S + j]
+            dP[j] = gt[oo + s[j]] + gt[oo + S + j]
+        for a in range(d0, din):
+            ga = gt[oo + a]
+            if ga != 0.0:
+                hta = Ht[a]
+                for j in range(t + 1):
+                    dP[j] += ga * hta[j]
+        pr = Pr[t, g]
+        for j in range(t + 1):
+            p = pr[j]
+            gj = G[j]
             for a in range(d0, din):
-                v += G[t, oo + a] * H[j, a]
-            dP[j] = v
-            p = Pr[t, g, j]
-            for a in range(d0, din):
-                G[j, a] += p * G[t, oo + a]
+                gj[a] += p * gt[oo + a]
         _softmax_backward(t, g, Pr, dP, dzs)
-        _scores_backward(t, s, S, d0, g, hinfo, Af, H, U, dzs, du, G, dA)
-    for a in range(G.shape[1]):
-        G[t, a] = 0.0
+        _scores_backward(t, s, S, d0, g, hinfo, Af, AfT, H, U, dzs, du, G, dA)
+    for a in range(gt.shape[0]):
+        gt[a] = 0.0
     for k in range(n_last):
         for c in range(nS):
             Ghw[t, k, c] = 0.0
 
 
 @njit(cache=True, error_model="numpy")
-def _enter_weights(t, s, S, npar, par, roff, ftab, pk):
-    """``pk[t+1, k] = pk[t, k] · ftab[k, row_t(s), s_t]``; return whether any product is positive."""
+def _enter_weights(t, s, S, npar, par, roff, ftabT, pk):
+    """``pk[t+1, k] = pk[t, k] · ftab[k, row_t(s), s_t]``; return whether any product is positive.
+
+    ``ftabT[row, token, k]`` is the factor table with the atoms last (contiguous products).
+    """
     r = 0  # the parents' flat row: Σ_h s[par_h] S^{n-1-h}
     for h in range(npar[t]):
         r = r * S + s[par[t, h]]
-    row = roff[t] + r
+    f = ftabT[roff[t] + r, s[t]]
+    src = pk[t]
+    dst = pk[t + 1]
     alive = False
-    for k in range(pk.shape[1]):
-        v = pk[t, k] * ftab[k, row, s[t]]
-        pk[t + 1, k] = v
+    for k in range(src.shape[0]):
+        v = src[k] * f[k]
+        dst[k] = v
         if v != 0.0:
             alive = True
     return alive
 
 
 @njit(cache=True, error_model="numpy")
-def _leaf(s, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, hw, G, Ghw, pk, tnpar, tpar, troff,
-          ttab, eps, softmax_readout, want_grad, dA, dW, z, wv, dz, dP, dzs, du):
-    """Last position: the last layer's row ``T-1``, readout, loss ``-Σ_c w_c log(f_c + ε)``, its backward."""
+def _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, Wl, coef):
+    """``Wl[q, c] = w(s_0 … s_{T-2} q, c)`` for every last token ``q`` (once per parent of leaves).
+
+    ``Wl[q, c] = Σ_k pk[T-1, k] ftab[k, row_{T-1}, q] ttab[k, r_tp(q), c]`` with the tables atoms-last
+    (``ftabT``, ``ttabT``); the sum over atoms in two interleaved partial sums.
+    """
+    t = T - 1
+    r = 0
+    for h in range(npar[t]):
+        r = r * S + s[par[t, h]]
+    row = roff[t] + r
+    K = pk.shape[1]
+    nS = Wl.shape[1]
+    src = pk[t]
+    for q in range(S):
+        rt = 0
+        for h in range(tnpar):
+            tok = q if tpar[h] == t else s[tpar[h]]
+            rt = rt * S + tok
+        f = ftabT[row, q]
+        for k in range(K):
+            coef[k] = src[k] * f[k]
+        for c in range(nS):
+            tt = ttabT[troff + rt, c]
+            a0 = 0.0
+            a1 = 0.0
+            k = 0
+            while k + 1 < K:
+                a0 += coef[k] * tt[k]
+                a1 += coef[k + 1] * tt[k + 1]
+                k += 2
+            if k < K:
+                a0 += coef[k] * tt[k]
+            Wl[q, c] = a0 + a1
+
+
+@njit(cache=True, error_model="numpy")
+def _leaf(s, S, T, d0, dl1, last0, n_last, hinfo, Af, AfT, W, WT, H, Ht, Pr, U, hw, G, Ghw, wv, eps,
+          softmax_readout, want_grad, dA, dW, z, dz, dP, dzs, du, o):
+    """Last position: the last layer's row ``T-1``, readout, loss ``-Σ_c w_c log(f_c + ε)``, its backward.
+
+    ``wv`` holds the leaf's weights ``w(s, ·)``. Returns the leaf's loss; the caller back-propagates the
+    row ``T-1`` itself (:func:`_node_backward`).
+    """
     t = T - 1
     nS = W.shape[1]
-    r = 0
-    for h in range(tnpar):
-        r = r * S + s[tpar[h]]
-    r += troff
     tot_w = 0.0
     for c in range(nS):
-        v = 0.0
-        for k in range(pk.shape[1]):
-            v += pk[T, k] * ttab[k, r, c]
-        wv[c] = v
-        tot_w += v
-    if tot_w == 0.0:
-        return 0.0
+        tot_w += wv[c]
     for k in range(n_last):
-        _row_forward(t, s, S, d0, last0 + k, hinfo, Af, H, Pr, U, False)
+        _row_forward(t, s, S, d0, last0 + k, hinfo, Af, H, Ht, Pr, U, o, False)
     for c in range(nS):
-        v = W[s[t], c] + W[S + t, c]
-        for a in range(d0, dl1):
-            v += H[t, a] * W[a, c]
-        for k in range(n_last):
-            for j in range(T):
-                v += Pr[t, last0 + k, j] * hw[j, k, c]
-        z[c] = v
+        z[c] = W[s[t], c] + W[S + t, c]
+    for a in range(d0, dl1):
+        x = H[t, a]
+        if x != 0.0:
+            for c in range(nS):
+                z[c] += x * W[a, c]
+    for k in range(n_last):
+        pr = Pr[t, last0 + k]
+        for j in range(T):
+            p = pr[j]
+            hj = hw[j, k]
+            for c in range(nS):
+                z[c] += p * hj[c]
     loss = 0.0
     if softmax_readout:
         m = z[0]
@@ -236,7 +312,7 @@ def _leaf(s, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, hw, 
         for c in range(nS):
             tot += np.exp(z[c] - m)
         lse = m + np.log(tot)
-        if eps == 0.0:
+        if eps == 0.0:  # cross entropy as a log-softmax
             for c in range(nS):
                 if wv[c] > 0.0:
                     loss -= wv[c] * (z[c] - lse)
@@ -263,34 +339,41 @@ def _leaf(s, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, hw, 
                 dz[c] = 0.0
     if not want_grad:
         return loss
-    # readout: z = H[t] W[:dl1] + Σ_k Σ_j P^k_j hw[j, k]
+    # readout z = H[t] W[:dl1] + Σ_k Σ_j P^k_j hw[j, k]
     for c in range(nS):
         dW[s[t], c] += dz[c]
         dW[S + t, c] += dz[c]
-        for a in range(d0, dl1):
-            dW[a, c] += H[t, a] * dz[c]
     for a in range(d0, dl1):
-        acc = 0.0
-        for c in range(nS):
-            acc += W[a, c] * dz[c]
-        G[t, a] += acc
+        x = H[t, a]
+        if x != 0.0:
+            for c in range(nS):
+                dW[a, c] += x * dz[c]
+    gt = G[t]
+    for c in range(nS):
+        gc = dz[c]
+        wt = WT[c]
+        for a in range(d0, dl1):
+            gt[a] += gc * wt[a]
     for k in range(n_last):
         g = last0 + k
+        pr = Pr[t, g]
         for j in range(T):
+            p = pr[j]
+            hj = hw[j, k]
+            gj = Ghw[j, k]
             v = 0.0
-            p = Pr[t, g, j]
             for c in range(nS):
-                v += dz[c] * hw[j, k, c]
-                Ghw[j, k, c] += p * dz[c]
+                v += dz[c] * hj[c]
+                gj[c] += p * dz[c]
             dP[j] = v
         _softmax_backward(t, g, Pr, dP, dzs)
-        _scores_backward(t, s, S, d0, g, hinfo, Af, H, U, dzs, du, G, dA)
+        _scores_backward(t, s, S, d0, g, hinfo, Af, AfT, H, U, dzs, du, G, dA)
     return loss
 
 
 @njit(cache=True, error_model="numpy")
-def _block(b, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, npar, par, roff, ftab, pk0, tnpar, tpar,
-           troff, ttab, eps, softmax_readout, want_grad, dA, dW):
+def _block(b, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, AfT, W, WT, npar, par, roff, ftabT, pk0,
+           tnpar, tpar, troff, ttabT, eps, softmax_readout, want_grad, dA, dW):
     """Block ``b``: every sequence whose first ``n_fixed`` tokens are the base-``S`` digits of ``b``; its loss.
 
     Adds the block's gradient into ``dA`` (flat, the layout of ``Af``) and ``dW``.
@@ -302,60 +385,75 @@ def _block(b, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, npar
             dmax = hinfo[g, 1]
     nS = W.shape[1]
     K = pk0.shape[0]
+    dw = max(dl1, d0)
     s = np.zeros(T, dtype=np.int64)
-    H = np.zeros((T, max(dl1, d0)))
-    G = np.zeros((T, max(dl1, d0)))
+    H = np.zeros((T, dw))
+    Ht = np.zeros((dw, T))
+    G = np.zeros((T, dw))
     Pr = np.zeros((T, nh, T))
     U = np.zeros((T, nh, dmax))
     hw = np.zeros((T, max(n_last, 1), nS))
     Ghw = np.zeros((T, max(n_last, 1), nS))
     pk = np.zeros((T + 1, K))
+    Wl = np.zeros((S, nS))
+    coef = np.zeros(K)
     z = np.zeros(nS)
-    wv = np.zeros(nS)
     dz = np.zeros(nS)
     dP = np.zeros(T)
     dzs = np.zeros(T)
     du = np.zeros(dmax)
+    o = np.zeros(dmax)
     for k in range(K):
         pk[0, k] = pk0[k]
     rem = b
     for t in range(n_fixed - 1, -1, -1):
         s[t] = rem % S
         rem //= S
-    for t in range(T):  # the input rows x̃_t are written once; their token coordinate as the walk moves
+    for t in range(T):  # x̃_t: the position one-hot is fixed; the token one-hot moves with the walk
         H[t, S + t] = 1.0
     loss = 0.0
-    alive = True
     for t in range(n_fixed):
         H[t, s[t]] = 1.0
-        if not _enter_weights(t, s, S, npar, par, roff, ftab, pk):
+        if t < T - 1:
+            alive = _enter_weights(t, s, S, npar, par, roff, ftabT, pk)
+        else:
+            _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, Wl, coef)
             alive = False
-            break
-        _node_forward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, hw)
-    if not alive:
-        return 0.0
+            for c in range(nS):
+                if Wl[s[t], c] > 0.0:
+                    alive = True
+        if not alive:
+            return 0.0
+        _node_forward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Ht, Pr, U, hw, o)
     if n_fixed == T:  # the block is one sequence
-        loss = _leaf(s, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, hw, G, Ghw, pk, tnpar,
-                     tpar, troff, ttab, eps, softmax_readout, want_grad, dA, dW, z, wv, dz, dP, dzs, du)
+        loss = _leaf(s, S, T, d0, dl1, last0, n_last, hinfo, Af, AfT, W, WT, H, Ht, Pr, U, hw, G, Ghw,
+                     Wl[s[T - 1]], eps, softmax_readout, want_grad, dA, dW, z, dz, dP, dzs, du, o)
     else:
         t = n_fixed
         s[t] = 0
         while True:
             H[t, s[t]] = 1.0
-            ok = _enter_weights(t, s, S, npar, par, roff, ftab, pk)
+            if t < T - 1:
+                ok = _enter_weights(t, s, S, npar, par, roff, ftabT, pk)
+            else:
+                if s[t] == 0:
+                    _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, Wl, coef)
+                ok = False
+                for c in range(nS):
+                    if Wl[s[t], c] > 0.0:
+                        ok = True
             if ok:
-                _node_forward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, hw)
+                _node_forward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Ht, Pr, U, hw, o)
                 if t < T - 1:
                     t += 1
                     s[t] = 0
                     continue
-                loss += _leaf(s, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, hw, G, Ghw, pk,
-                              tnpar, tpar, troff, ttab, eps, softmax_readout, want_grad, dA, dW, z, wv, dz, dP,
-                              dzs, du)
-            if want_grad and ok:
-                _node_backward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, G, Ghw, dA, dW,
-                               dP, dzs, du)
-            # next node: the next sibling, or up (each parent back-propagated after its last child)
+                loss += _leaf(s, S, T, d0, dl1, last0, n_last, hinfo, Af, AfT, W, WT, H, Ht, Pr, U, hw, G, Ghw,
+                              Wl[s[t]], eps, softmax_readout, want_grad, dA, dW, z, dz, dP, dzs, du, o)
+                if want_grad:
+                    _node_backward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, AfT, W, WT, H, Ht, Pr, U,
+                                   G, Ghw, dA, dW, dP, dzs, du)
+            # next node: the next sibling, or up (a parent is back-propagated after its last child)
             done = False
             while True:
                 H[t, s[t]] = 0.0
@@ -368,34 +466,34 @@ def _block(b, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, npar
                     done = True
                     break
                 if want_grad:
-                    _node_backward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, G, Ghw,
-                                   dA, dW, dP, dzs, du)
+                    _node_backward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, AfT, W, WT, H, Ht, Pr,
+                                   U, G, Ghw, dA, dW, dP, dzs, du)
             if done:
                 break
     if want_grad:
         for t in range(n_fixed - 1, -1, -1):
-            _node_backward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, G, Ghw, dA, dW,
-                           dP, dzs, du)
+            _node_backward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, AfT, W, WT, H, Ht, Pr, U, G, Ghw,
+                           dA, dW, dP, dzs, du)
     return loss
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def run_blocks(lo, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, npar, par, roff, ftab, pk0,
-               tnpar, tpar, troff, ttab, eps, softmax_readout, want_grad, loss_out, dA_out, dW_out):
+def run_blocks(lo, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, AfT, W, WT, npar, par, roff, ftabT,
+               pk0, tnpar, tpar, troff, ttabT, eps, softmax_readout, want_grad, loss_out, dA_out, dW_out):
     """Blocks ``lo … lo + len(loss_out) - 1`` into slots ``0 …`` (``loss_out[b]``, ``dA_out[b]``, ``dW_out[b]``)."""
     for b in prange(loss_out.shape[0]):
-        loss_out[b] = _block(lo + b, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, npar, par, roff,
-                             ftab, pk0, tnpar, tpar, troff, ttab, eps, softmax_readout, want_grad, dA_out[b],
+        loss_out[b] = _block(lo + b, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, AfT, W, WT, npar, par, roff,
+                             ftabT, pk0, tnpar, tpar, troff, ttabT, eps, softmax_readout, want_grad, dA_out[b],
                              dW_out[b])
 
 
 @njit(cache=True, error_model="numpy")
-def run_blocks_serial(lo, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, npar, par, roff, ftab, pk0,
-                      tnpar, tpar, troff, ttab, eps, softmax_readout, want_grad, loss_out, dA_out, dW_out):
+def run_blocks_serial(lo, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, AfT, W, WT, npar, par, roff,
+                      ftabT, pk0, tnpar, tpar, troff, ttabT, eps, softmax_readout, want_grad, loss_out, dA_out, dW_out):
     """:func:`run_blocks` on the calling thread (same blocks, same bits)."""
     for b in range(loss_out.shape[0]):
-        loss_out[b] = _block(lo + b, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, npar, par, roff,
-                             ftab, pk0, tnpar, tpar, troff, ttab, eps, softmax_readout, want_grad, dA_out[b],
+        loss_out[b] = _block(lo + b, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, AfT, W, WT, npar, par, roff,
+                             ftabT, pk0, tnpar, tpar, troff, ttabT, eps, softmax_readout, want_grad, dA_out[b],
                              dW_out[b])
 
 
