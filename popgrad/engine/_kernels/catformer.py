@@ -44,54 +44,63 @@ def _row_forward(t, s, S, d0, g, hinfo, Af, H, Ht, Pr, U, o, write_out):
     """Row ``t`` of head ``g``: ``u = H[t] Ã``, scores ``z_j = u · H[j]`` (``j ≤ t``), softmax, output.
 
     The output ``Σ_j P_j H[j, :d_in]`` goes to ``H[t, out : out + d_in]`` and ``Ht`` when ``write_out``.
+    (Inner loops run over 1-D views from index 0, so LLVM sees non-negative, contiguous indices.)
     """
     din = hinfo[g, 1]
     oo = hinfo[g, 2]
     ao = hinfo[g, 3]
-    u = U[t, g]
-    r1 = ao + s[t] * din
-    r2 = ao + (S + t) * din
+    nd = din - d0
+    u = U[t, g, :din]
+    a1 = Af[ao + s[t] * din: ao + s[t] * din + din]
+    a2 = Af[ao + (S + t) * din: ao + (S + t) * din + din]
     for b in range(din):
-        u[b] = Af[r1 + b] + Af[r2 + b]
-    for a in range(d0, din):
-        x = H[t, a]
+        u[b] = a1[b] + a2[b]
+    ht = H[t, d0:din]
+    for a in range(nd):
+        x = ht[a]
         if x != 0.0:
-            ra = ao + a * din
+            ra = ao + (d0 + a) * din
+            arow = Af[ra: ra + din]
             for b in range(din):
-                u[b] += x * Af[ra + b]
-    pr = Pr[t, g]
-    for j in range(t + 1):
+                u[b] += x * arow[b]
+    n = t + 1
+    pr = Pr[t, g, :n]
+    for j in range(n):
         pr[j] = u[s[j]] + u[S + j]
-    for a in range(d0, din):
-        ua = u[a]
-        hta = Ht[a]
-        for j in range(t + 1):
+    ud = u[d0:din]
+    for a in range(nd):
+        ua = ud[a]
+        hta = Ht[d0 + a, :n]
+        for j in range(n):
             pr[j] += ua * hta[j]
     m = pr[0]
-    for j in range(1, t + 1):
+    for j in range(1, n):
         if pr[j] > m:
             m = pr[j]
     tot = 0.0
-    for j in range(t + 1):
+    for j in range(n):
         e = np.exp(pr[j] - m)
         pr[j] = e
         tot += e
     inv = 1.0 / tot
-    for j in range(t + 1):
+    for j in range(n):
         pr[j] *= inv
     if write_out:
+        ov = o[:din]
         for a in range(din):
-            o[a] = 0.0
-        for j in range(t + 1):
+            ov[a] = 0.0
+        od = o[d0:din]
+        for j in range(n):
             p = pr[j]
-            o[s[j]] += p
-            o[S + j] += p
-            hj = H[j]
-            for a in range(d0, din):
-                o[a] += p * hj[a]
+            ov[s[j]] += p
+            ov[S + j] += p
+            hj = H[j, d0:din]
+            for a in range(nd):
+                od[a] += p * hj[a]
+        hout = H[t, oo: oo + din]
         for a in range(din):
-            H[t, oo + a] = o[a]
-            Ht[oo + a, t] = o[a]
+            hout[a] = ov[a]
+            Ht[oo + a, t] = ov[a]
 
 
 @njit(cache=True, error_model="numpy")
@@ -103,36 +112,46 @@ def _scores_backward(t, s, S, d0, g, hinfo, Af, AfT, H, U, dzs, du, G, dA):
     """
     din = hinfo[g, 1]
     ao = hinfo[g, 3]
-    u = U[t, g]
+    nd = din - d0
+    ud = U[t, g, d0:din]
+    dv = du[:din]
     for b in range(din):
-        du[b] = 0.0
+        dv[b] = 0.0
+    dd = du[d0:din]
     for j in range(t + 1):
         c = dzs[j]
-        du[s[j]] += c
-        du[S + j] += c
-        hj = H[j]
-        gj = G[j]
-        for a in range(d0, din):
-            du[a] += c * hj[a]
-            gj[a] += c * u[a]
+        dv[s[j]] += c
+        dv[S + j] += c
+        if c != 0.0:
+            hj = H[j, d0:din]
+            gj = G[j, d0:din]
+            for a in range(nd):
+                dd[a] += c * hj[a]
+                gj[a] += c * ud[a]
     r1 = ao + s[t] * din
     r2 = ao + (S + t) * din
+    d1 = dA[r1: r1 + din]
     for b in range(din):
-        dA[r1 + b] += du[b]
-        dA[r2 + b] += du[b]
-    for a in range(d0, din):
-        x = H[t, a]
+        d1[b] += dv[b]
+    d2 = dA[r2: r2 + din]
+    for b in range(din):
+        d2[b] += dv[b]
+    ht = H[t, d0:din]
+    for a in range(nd):
+        x = ht[a]
         if x != 0.0:
-            ra = ao + a * din
+            ra = ao + (d0 + a) * din
+            drow = dA[ra: ra + din]
             for b in range(din):
-                dA[ra + b] += x * du[b]
-    gt = G[t]
+                drow[b] += x * dv[b]
+    gt = G[t, d0:din]
     for b in range(din):
-        c = du[b]
+        c = dv[b]
         if c != 0.0:
-            rb = ao + b * din
-            for a in range(d0, din):
-                gt[a] += c * AfT[rb + a]
+            rb = ao + b * din + d0
+            arow = AfT[rb: rb + nd]
+            for a in range(nd):
+                gt[a] += c * arow[a]
 
 
 @njit(cache=True, error_model="numpy")
