@@ -29,6 +29,7 @@ on the thread count nor on how a ``client=`` splits the range.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -288,7 +289,12 @@ def _reference(task, model, params, eps, want_grad, chunk) -> CatFormerLossAndGr
 
 def _finish(loss, dA, dW, want_grad) -> CatFormerLossAndGrad:
     if math.isinf(loss) or math.isnan(loss):
-        warn_inf("catformer_loss_and_grad") if math.isinf(loss) else None
+        if math.isinf(loss):
+            warn_inf("catformer_loss_and_grad")
+        else:
+            warnings.warn("catformer_loss_and_grad: the loss is NaN: with the linear readout some sequence with "
+                          "positive weight has f_c + eps <= 0 (log undefined); gradients are NaN",
+                          RuntimeWarning, stacklevel=3)
         if want_grad:
             dA = [np.full_like(a, np.nan) for a in dA]
             dW = np.full_like(dW, np.nan)

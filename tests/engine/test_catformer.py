@@ -253,3 +253,26 @@ def test_default_eps_by_readout():
     lin = pg.CatFormer(2, 4, readout="linear")
     q = random_params(lin, 0)
     assert pg.catformer_loss(task, lin, q) == pg.catformer_loss(task, lin, q, eps=task.default_eps)
+
+
+def test_linear_readout_negative_output_is_nan_with_a_warning():
+    task = pg.Task(pg.chain(3), pg.dirichlet_prior(2, 1.0, 1, seed=0))
+    model = pg.CatFormer(2, 3, readout="linear")
+    p = model.zeros()
+    W = -np.ones(p.W.shape)  # f = h W < 0 everywhere: log(f + ε) undefined
+    with pytest.warns(RuntimeWarning, match="NaN"):
+        r = pg.catformer_loss_and_grad(task, model, CatFormerParams(p.A, W), eps=0.1)
+    assert np.isnan(r.loss) and np.all(np.isnan(r.dW)) and all(np.all(np.isnan(a)) for a in r.dA)
+
+
+def test_softmax_eps_zero_never_infinite():
+    """The cross entropy is a log-softmax: sharp logits give a large finite loss, not inf."""
+    task = pg.Task(pg.chain(3), pg.dirichlet_prior(2, 1.0, 1, seed=0))
+    model = pg.CatFormer(2, 3)
+    p = model.zeros()
+    W = np.zeros(p.W.shape)
+    W[:, 0] = 400.0 + 10.0 * np.random.default_rng(0).standard_normal(p.W.shape[0])  # exp(-800): f_1 = 0
+    r = pg.catformer_loss_and_grad(task, model, CatFormerParams(p.A, W))
+    ref = E.catformer_loss_and_grad_numpy(task, model, CatFormerParams(p.A, W))
+    assert np.isfinite(r.loss) and r.loss > 100
+    assert_same(r, ref)
