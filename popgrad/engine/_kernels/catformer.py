@@ -293,12 +293,16 @@ def _enter_weights(t, s, S, npar, par, roff, ftabT, pk):
     r = 0  # the parents' flat row: Σ_h s[par_h] S^{n-1-h}
     for h in range(npar[t]):
         r = r * S + s[par[t, h]]
-    row = roff[t] + r
-    tok = s[t]
+    K = U(pk.shape[1])
+    fo = (U(roff[t] + r) * U(S) + U(s[t])) * K
+    ff = ftabT.reshape(-1)
+    pf = pk.reshape(-1)
+    src = U(t) * K
+    dst = src + K
     alive = False
-    for k in range(pk.shape[1]):
-        v = pk[t, k] * ftabT[row, tok, k]
-        pk[t + 1, k] = v
+    for k in range(K):
+        v = pf[src + k] * ff[fo + k]
+        pf[dst + k] = v
         if v != 0.0:
             alive = True
     return alive
@@ -309,34 +313,48 @@ def _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, 
     """``Wl[q, c] = w(s_0 … s_{T-2} q, c)`` for every last token ``q`` (once per parent of leaves).
 
     ``Wl[q, c] = Σ_k pk[T-1, k] ftab[k, row_{T-1}, q] ttab[k, r_tp(q), c]`` with the tables atoms-last
-    (``ftabT``, ``ttabT``); the sum over atoms in two interleaved partial sums.
+    (``ftabT``, ``ttabT``); the sum over atoms in four interleaved partial sums.
     """
     t = T - 1
     r = 0
     for h in range(npar[t]):
         r = r * S + s[par[t, h]]
-    row = roff[t] + r
-    K = pk.shape[1]
-    nS = Wl.shape[1]
-    for q in range(S):
+    row = U(roff[t] + r)
+    K = U(pk.shape[1])
+    nS = U(Wl.shape[1])
+    Su = U(S)
+    ff = ftabT.reshape(-1)
+    tt = ttabT.reshape(-1)
+    pf = pk.reshape(-1)
+    Wf = Wl.reshape(-1)
+    src = U(t) * K
+    for q_ in range(S):
+        q = U(q_)
         rt = 0
         for h in range(tnpar):
-            tok = q if tpar[h] == t else s[tpar[h]]
+            tok = q_ if tpar[h] == t else s[tpar[h]]
             rt = rt * S + tok
+        fo = (row * Su + q) * K
         for k in range(K):
-            coef[k] = pk[t, k] * ftabT[row, q, k]
-        rr = troff + rt
+            coef[k] = pf[src + k] * ff[fo + k]
+        rr = U(troff + rt)
         for c in range(nS):
+            to = (rr * nS + c) * K
             a0 = 0.0
             a1 = 0.0
-            k = 0
-            while k + 1 < K:
-                a0 += coef[k] * ttabT[rr, c, k]
-                a1 += coef[k + 1] * ttabT[rr, c, k + 1]
-                k += 2
-            if k < K:
-                a0 += coef[k] * ttabT[rr, c, k]
-            Wl[q, c] = a0 + a1
+            a2 = 0.0
+            a3 = 0.0
+            k = U(0)
+            while k + U(3) < K:
+                a0 += coef[k] * tt[to + k]
+                a1 += coef[k + U(1)] * tt[to + k + U(1)]
+                a2 += coef[k + U(2)] * tt[to + k + U(2)]
+                a3 += coef[k + U(3)] * tt[to + k + U(3)]
+                k += U(4)
+            while k < K:
+                a0 += coef[k] * tt[to + k]
+                k += U(1)
+            Wf[q * nS + c] = (a0 + a1) + (a2 + a3)
 
 
 @njit(cache=True, error_model="numpy")
