@@ -1,4 +1,4 @@
-"""Exact population loss and gradients of the disentangled transformer (DESIGN §14).
+"""Exact population loss and gradients of the disentangled transformer (DESIGN §15).
 
 ``L(θ) = -Σ_s Σ_c w(s, c) log(f_c(s) + ε)`` over all ``S**T`` sequences with
 the task's exact weights ``w(s, c)`` (DESIGN §2; :class:`popgrad.Task` and
@@ -18,7 +18,7 @@ Two implementations of the same sum:
   (the leaves); the per-atom weight products are carried down the tree. The
   backward pass is reverse mode over the same tree: a leaf adds its adjoints
   of the rows ``j < T-1`` into per-depth buffers, and a node back-propagates
-  its own row once, after all its children (DESIGN §14).
+  its own row once, after all its children (DESIGN §15).
 
 The enumeration is split into ``S**D`` fixed blocks (the sequences sharing
 their first ``D`` tokens, ``D`` a function of ``S``, ``T`` and the options
@@ -32,6 +32,7 @@ import math
 import warnings
 from typing import NamedTuple
 
+import numba
 import numpy as np
 
 from .._validation import ArgumentTypeError, as_eps, warn_inf
@@ -77,7 +78,7 @@ def _validate(task, model, params, eps):
 
 
 def catformer_loss_and_grad(task, model, params, eps=None, client=None, options=None) -> CatFormerLossAndGrad:
-    """Exact population loss and every gradient of the disentangled transformer (DESIGN §14).
+    """Exact population loss and every gradient of the disentangled transformer (DESIGN §15).
 
     Parameters
     ----------
@@ -193,8 +194,6 @@ def make_job(task, model, params, eps, want_grad, opts) -> CatFormerJob:
     sizes = (T, S, dims[0], max(dl1, dims[0]), len(rows), max(r[1] for r in rows), max(n_last, 1), dims[L],
              len(Af), dl1, n_inner, n_inner, n_last)
     n_fixed, n_blocks = block_count(S, T, opts)
-    import numba
-
     parallel = bool(n_blocks > 1 and task.n_sequences >= opts.parallel_min_sequences and numba.get_num_threads() > 1)
     return CatFormerJob("catformer", n_fixed, n_blocks, tuple(int(x) for x in sizes), hinfo, prm, len(Af),
                         tuple(params.W.shape), float(eps), model.readout == "softmax", bool(want_grad), parallel)

@@ -1,4 +1,4 @@
-"""What the disentangled transformer's first layer attends to, exactly (DESIGN §14): population averages.
+"""What the disentangled transformer's first layer attends to, exactly (DESIGN §15): population averages.
 
 Layer 1 of a :class:`popgrad.CatFormer` scores position ``j`` from position
 ``t`` by four gathers of ``Ã = Ã^(1)_h`` (input ``x̃_t = [e_{s_t}, e_t]``)::

@@ -1,4 +1,4 @@
-"""The model the paper trains: the disentangled transformer ("CatFormer", DESIGN §14, Knowl 7 and 8), in NumPy.
+"""The model the paper trains: the disentangled transformer ("CatFormer", DESIGN §15, Knowl 7 and 8), in NumPy.
 
 This is the *reference* forward (and backward) pass; the exact engine
 (:mod:`popgrad.engine.catformer`) sums the same quantities over every
@@ -22,7 +22,7 @@ position holds every layer.
 **Standard transformer (Knowl 7).** ``h^(0)_t = E e_{s_t} + P e_t``;
 ``h^(ℓ) = h^(ℓ-1) + Σ_h attn(h^(ℓ-1); Q_h K_hᵀ) V_hᵀ``; ``f = softmax(W_O h^(L)_{T-1})``.
 :func:`to_disentangled` and :func:`to_standard` convert between the two with
-the same function on every sequence (``h^(ℓ) = Φ_ℓ h̃^(ℓ)``, DESIGN §14);
+the same function on every sequence (``h^(ℓ) = Φ_ℓ h̃^(ℓ)``, DESIGN §15);
 :func:`catformer_from_reduced` embeds the reduced model (Knowl 8).
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ class CatFormerParams(NamedTuple):
 
 
 class CatFormer:
-    """The disentangled transformer of the official code (``catformer.py``), DESIGN §14.
+    """The disentangled transformer of the official code (``catformer.py``), DESIGN §15.
 
     Parameters
     ----------
@@ -192,7 +192,7 @@ class CatFormer:
 
     # -------------------------------------------------------------- forward
     def predict(self, params, seqs) -> np.ndarray:
-        """Output ``f(s)`` for a batch of sequences (NumPy reference forward, DESIGN §14).
+        """Output ``f(s)`` for a batch of sequences (NumPy reference forward, DESIGN §15).
 
         Parameters
         ----------
@@ -305,7 +305,7 @@ def catformer_backward(model, params, seqs, w, eps):
 
 # ============================================================ Knowl 7: the standard transformer
 class StandardTransformer:
-    """An attention-only standard transformer with residual stream (DESIGN §14, Knowl 7).
+    """An attention-only standard transformer with residual stream (DESIGN §15, Knowl 7).
 
     Parameters
     ----------

@@ -12,7 +12,7 @@ the hot path passes a handful of arrays and creates no views.
   Its first ``d_0`` coordinates are the input ``x̃_t = [e_{s_t}, e_t]``: two
   ones, at ``s_t`` and ``S + t``. Every product with a row is written
   *sparse*: the two gathers plus the dense coordinates ``d_0 …``; for layer 1
-  (``d_in = d_0``) that is the four gathers of DESIGN §14,
+  (``d_in = d_0``) that is the four gathers of DESIGN §15,
   ``z_tj = Ã[s_t,s_j] + Ã[s_t,S+j] + Ã[S+t,s_j] + Ã[S+t,S+j]``.
 * heads in global order ``g`` (layer by layer, heads in order); ``hinfo[g] =
   (layer, d_in, out, aoff)``: the 1-based layer, its input width, the offset
