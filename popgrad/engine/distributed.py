@@ -223,8 +223,8 @@ def _run_chunk(fp, task, run, job, lo, hi):
         return MISSING
     prepare_worker()
     loss, G, dA2 = run(held, job, lo, hi)
-    if not job.want_grad:  # a loss-only job ships no gradient slots (finish_blocks only sums them)
-        G, dA2 = np.zeros(G.shape[:-2] + (1, 1)), np.zeros(dA2.shape[:-2] + (1, 1))
+    if not job.want_grad:  # a loss-only job ships no gradient slots (the finish only sums the losses)
+        G, dA2 = (np.zeros(a.shape[:-2] + (1, 1)) if a.ndim >= 3 else a for a in (G, dA2))
     return loss, G, dA2
 
 
