@@ -77,6 +77,9 @@ from .theory import (
     optimal_loss_multi,
     pairwise_joint,
 )
+from .model.catformer import CatFormer, CatFormerParams, StandardTransformer, catformer_from_reduced, \
+    to_disentangled, to_standard
+from .engine.catformer import CatFormerLossAndGrad, catformer_loss, catformer_loss_and_grad
 from .train import MultiHeadTrainConfig, TrainConfig, Trajectory, train_multi_head, train_two_stage
 from . import checks
 from . import _compat
@@ -163,4 +166,13 @@ __all__ = [
     "train_multi_head",
     "checks",
     "sweep",
+    "CatFormer",
+    "CatFormerParams",
+    "CatFormerLossAndGrad",
+    "catformer_loss_and_grad",
+    "catformer_loss",
+    "StandardTransformer",
+    "to_disentangled",
+    "to_standard",
+    "catformer_from_reduced",
 ]
