@@ -81,6 +81,7 @@ from .model.catformer import CatFormer, CatFormerParams, StandardTransformer, ca
     to_disentangled, to_standard
 from .engine.catformer import CatFormerLossAndGrad, catformer_loss, catformer_loss_and_grad
 from .train import MultiHeadTrainConfig, TrainConfig, Trajectory, train_multi_head, train_two_stage
+from .train import CatFormerTrajectory, train_catformer
 from . import checks
 from . import _compat
 
@@ -175,4 +176,6 @@ __all__ = [
     "to_disentangled",
     "to_standard",
     "catformer_from_reduced",
+    "train_catformer",
+    "CatFormerTrajectory",
 ]
