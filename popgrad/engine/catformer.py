@@ -37,6 +37,7 @@ from .._validation import ArgumentTypeError, as_eps, warn_inf
 from ..model.catformer import CatFormer, catformer_backward
 from ..task.tasks import MultiParentTask
 from ._args import check_task, options_or_default
+from ._kernels import catformer as _kc
 
 __all__ = ["CatFormerLossAndGrad", "catformer_loss_and_grad", "catformer_loss", "catformer_loss_and_grad_numpy"]
 
@@ -117,7 +118,143 @@ def catformer_loss(task, model, params, eps=None, client=None, options=None) -> 
 
 def _dispatch(task, model, params, eps, want_grad, client, opts) -> CatFormerLossAndGrad:
     task.check_size()
-    return _reference(task, model, params, eps, want_grad, opts.numpy_chunk)
+    job = make_job(task, model, params, eps, want_grad, opts)
+    if client is not None:  # the same blocks over the client's workers (imports no Dask itself)
+        from . import distributed as _distributed
+
+        if not (hasattr(client, "submit") and hasattr(client, "gather") and hasattr(client, "scheduler_info")):
+            raise ArgumentTypeError(f"client must be a dask.distributed.Client, got {type(client).__name__}")
+        loss_s, dA_s, dW_s = _distributed._run(client, task, job, np.ones(job.n_blocks, dtype=np.int64))
+    else:
+        loss_s, dA_s, dW_s = run_chunk(task, job, 0, job.n_blocks)
+    return finish_slots(model, job, loss_s, dA_s, dW_s)
+
+
+# ====================================================================== the trie engine
+class CatFormerJob(NamedTuple):
+    """One evaluation, ready for the kernels: the model's flat arrays and the block structure.
+
+    ``kind = "catformer"`` routes it in :mod:`popgrad.engine.distributed` (a worker runs
+    :func:`run_chunk`). ``hinfo[g] = (layer, d_in, out offset, offset in Af)`` for the heads in global order
+    (layer by layer); heads ``last0 …`` are the last layer's.
+    """
+
+    kind: str
+    n_fixed: int
+    n_blocks: int
+    S: int
+    T: int
+    d0: int
+    dl1: int
+    n_inner: int
+    last0: int
+    n_last: int
+    hinfo: np.ndarray
+    Af: np.ndarray
+    W: np.ndarray
+    eps: float
+    softmax_readout: bool
+    want_grad: bool
+    parallel: bool
+
+
+def block_count(S, T, opts):
+    """``(n_fixed, n_blocks)``: blocks fix the first ``n_fixed`` tokens, ``n_blocks = S**n_fixed``.
+
+    Each block holds at least ``opts.prefix_block_sequences`` sequences (or all of them): ``n_fixed = T - f``
+    with ``f ≤ T`` the smallest count with ``S**f ≥ prefix_block_sequences``; then ``n_fixed`` is lowered
+    until ``S**n_fixed ≤ opts.max_blocks``. A function of ``S``, ``T`` and the options only.
+    """
+    free = 0
+    while free < T and S**free < opts.prefix_block_sequences:
+        free += 1
+    n_fixed = T - free
+    while n_fixed > 0 and S**n_fixed > opts.max_blocks:
+        n_fixed -= 1
+    return n_fixed, S**n_fixed
+
+
+def make_job(task, model, params, eps, want_grad, opts) -> CatFormerJob:
+    """Flatten validated parameters into a :class:`CatFormerJob`."""
+    S, T, dims = model.S, model.T, model.dims
+    L = model.n_layers
+    rows, off = [], 0
+    for l, m in enumerate(model.heads):
+        d = dims[l]
+        for k in range(m):
+            rows.append((l + 1, d, d * (1 + k), off))
+            off += d * d
+    hinfo = np.array(rows, dtype=np.int64)
+    Af = np.ascontiguousarray(np.concatenate([a.reshape(-1) for a in params.A]))
+    n_last = model.heads[-1]
+    n_fixed, n_blocks = block_count(S, T, opts)
+    import numba
+
+    parallel = bool(n_blocks > 1 and task.n_sequences >= opts.parallel_min_sequences and numba.get_num_threads() > 1)
+    return CatFormerJob("catformer", n_fixed, n_blocks, S, T, dims[0], dims[L - 1], len(rows) - n_last,
+                        len(rows) - n_last, n_last, hinfo, Af, np.ascontiguousarray(params.W), float(eps),
+                        model.readout == "softmax", bool(want_grad), parallel)
+
+
+def weight_arrays(task):
+    """The task's exact weights as per-position factor tables (both task kinds; DESIGN §2, §9).
+
+    ``w(s, c) = Σ_k pk0[k] Π_t ftab[k, roff[t] + r_t(s), s_t] · ttab[k, troff + r_tp(s), c]``, with
+    ``r_t(s) = Σ_h s[par[t, h]] S^{npar[t]-1-h}`` the flat row of position ``t``'s parents.
+    Returns ``(npar, par, roff, ftab, pk0, tnpar, tpar, troff, ttab)``.
+    """
+    S, T = task.S, task.T
+    if isinstance(task, MultiParentTask):
+        parents, tp, atoms, pk0 = task.kernel_arrays()
+        K, k = atoms.shape[0], parents.shape[1]
+        ftab = np.concatenate([np.ones((K, 1, S)), atoms], axis=1)
+        root = parents[:, 0] < 0
+        npar = np.where(root, 0, k).astype(np.int64)
+        par = np.where(root[:, None], 0, parents).astype(np.int64)
+        roff = np.where(root, 0, 1).astype(np.int64)
+        return (npar, np.ascontiguousarray(par), roff, np.ascontiguousarray(ftab), pk0, int(k),
+                np.ascontiguousarray(tp, dtype=np.int64), 0, atoms)
+    parents, mu, atoms, prior_w = task.kernel_arrays()
+    K = atoms.shape[0]
+    ftab = np.concatenate([np.ones((K, 1, S)), mu[:, None, :], atoms], axis=1)
+    npar = np.zeros(T, dtype=np.int64)
+    par = np.zeros((T, 1), dtype=np.int64)
+    roff = np.zeros(T, dtype=np.int64)
+    for t in range(T - 1):  # the query (T-1) is uniform: its factor 1/S is in pk0
+        if parents[t] < 0:
+            roff[t] = 1
+        else:
+            npar[t], par[t, 0], roff[t] = 1, parents[t], 2
+    return (npar, par, roff, np.ascontiguousarray(ftab), np.ascontiguousarray(prior_w / S), 1,
+            np.array([T - 1], dtype=np.int64), 0, atoms)
+
+
+def run_chunk(task, job, lo, hi):
+    """Blocks ``lo … hi-1`` of ``job``: slots ``(loss (n,), dA (n, len(Af)), dW (n, d_L, S))``, in block order.
+
+    The one block runner: the local path runs ``0 … n_blocks`` through it and a Dask worker a chunk
+    (:mod:`popgrad.engine.distributed`); the slots of a block are the same bits either way.
+    """
+    n = hi - lo
+    npar, par, roff, ftab, pk0, tnpar, tpar, troff, ttab = weight_arrays(task)
+    loss_s = np.zeros(n)
+    dA_s = np.zeros((n, job.Af.shape[0]))
+    dW_s = np.zeros((n,) + job.W.shape)
+    kernel = _kc.run_blocks if job.parallel and n > 1 else _kc.run_blocks_serial
+    kernel(lo, job.n_fixed, job.S, job.T, job.d0, job.dl1, job.n_inner, job.last0, job.n_last, job.hinfo, job.Af,
+           job.W, npar, par, roff, ftab, pk0, tnpar, tpar, troff, ttab, job.eps, job.softmax_readout, job.want_grad,
+           loss_s, dA_s, dW_s)
+    return loss_s, dA_s, dW_s
+
+
+def finish_slots(model, job, loss_s, dA_s, dW_s) -> CatFormerLossAndGrad:
+    """Add the slots in block order and unflatten ``dA`` into the list structure of ``params.A``."""
+    loss = float(_kc.sum_slots(loss_s, dA_s, dW_s))
+    dA, off = [], 0
+    for m, d in zip(model.heads, model.dims[:-1]):
+        dA.append(dA_s[0, off:off + m * d * d].reshape(m, d, d).copy())
+        off += m * d * d
+    return _finish(loss, dA, dW_s[0].copy(), job.want_grad)
 
 
 def catformer_loss_and_grad_numpy(task, model, params, eps=None, chunk=4096) -> CatFormerLossAndGrad:
