@@ -31,7 +31,7 @@ from .theorems import check_head_specialization
 
 __all__ = ["population_attention", "positional_attention", "attention_blocks", "attention_to_parent_per_position",
            "check_catformer_graph_recovery", "check_catformer_head_specialization", "check_induction_head",
-           "heads_difference"]
+           "slot_attention", "soft_split", "heads_difference"]
 
 _CHUNK = 2**14
 
@@ -253,6 +253,32 @@ def _matching_mass(task, model, params) -> dict:
         mass += float(p @ np.sum(last * match, axis=1))
         base += float(p @ (match.sum(axis=1) / T))
     return {"query_attention_on_matching_parent_tokens": mass, "same_under_uniform_attention": base}
+
+
+def slot_attention(graph, P) -> np.ndarray:
+    """``M[h, σ]``: head ``h``'s mean attention on slot ``σ``'s parent over the rows that have parents.
+
+    Rows: non-roots ``i < T-1`` and the last row (whose slot parents are the target's),
+    :meth:`popgrad.MultiParentGraph.slot_parents`. ``P`` is ``(m, T, T)`` attention (e.g.
+    :func:`population_attention`, or ``head_attention(A1)`` of the reduced model).
+
+    Returns
+    -------
+    ndarray of float64, shape (m, k)
+    """
+    P = np.asarray(P, dtype=np.float64)
+    k = graph.k
+    slots = np.stack([graph.slot_parents(s) for s in range(k)])
+    rows = np.flatnonzero(slots[0] >= 0)
+    return np.stack([[float(np.mean(P[h, rows, slots[s, rows]])) for s in range(k)] for h in range(P.shape[0])])
+
+
+def soft_split(M) -> bool:
+    """Whether the heads prefer distinct slots: ``argmax_σ M[h, σ]`` is a permutation (strict preferences)."""
+    M = np.asarray(M, dtype=np.float64)
+    best = M.argmax(axis=1)
+    strict = all(np.sum(M[h] == M[h, best[h]]) == 1 for h in range(M.shape[0]))
+    return bool(strict and len(set(best.tolist())) == M.shape[0] == M.shape[1])
 
 
 def heads_difference(A) -> np.ndarray:

@@ -105,3 +105,18 @@ def test_bad_arguments(task):
     with pytest.raises(ValueError, match="the task has"):
         m = pg.CatFormer(2, 6)
         cc.population_attention(task, m, m.zeros())
+
+
+def test_slot_attention_and_soft_split(two_parent_task):
+    g = two_parent_task.graph
+    T = g.T
+    P = np.zeros((2, T, T))
+    for h in range(2):
+        par = g.slot_parents(h)
+        for i in range(T):
+            P[h, i, par[i] if par[i] >= 0 else 0] = 1.0
+    M = cc.slot_attention(g, P)
+    np.testing.assert_allclose(M, np.eye(2))
+    assert cc.soft_split(M) and cc.soft_split(M[::-1])
+    assert not cc.soft_split(np.array([[0.6, 0.4], [0.7, 0.3]]))
+    assert not cc.soft_split(np.array([[0.5, 0.5], [0.2, 0.7]]))
