@@ -9,7 +9,8 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SCRIPTS = sorted(p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
 #: Scripts at the paper's scale run in their --quick form here (the full runs are minutes; see README).
-QUICK = {"paper_figure2.py", "paper_figure9.py", "alignment_at_scale.py"}
+QUICK = {"paper_figure2.py", "paper_figure9.py", "alignment_at_scale.py", "catformer_figure2.py", "catformer_figure9.py",
+         "catformer_symmetry.py", "catformer_two_parent.py"}
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
