@@ -5,8 +5,11 @@
   head specialization), one function per check for every task kind, thresholds documented there;
 * :mod:`.scale` -- checks at any ``T`` from the Stage-1 field (alignment rate, DPI in the field, roots);
 * :mod:`.sampled` -- checks beyond enumeration from a fixed sample (``kind="sampled"``, with standard errors);
+* :mod:`.catformer` -- checks of a trained full model (population attention, graph recovery, head
+  specialization, induction head);
 * :mod:`._kernels` -- numba kernels of the OOD check.
 """
+from . import catformer
 from .results import CheckResult, SweepFit, fit_power_law, not_applicable
 from .sampled import check_loss_convergence_sampled, check_ood_sampled
 from .scale import (
@@ -16,6 +19,7 @@ from .scale import (
     check_roots_at_scale,
     default_alignment_T,
 )
+from .catformer import check_catformer_graph_recovery, check_catformer_head_specialization, check_induction_head
 from .theorems import (
     alignment_sweep,
     check_gradient_alignment,
@@ -42,4 +46,5 @@ __all__ = [
     "check_alignment_rate", "alignment_rate_sweep", "check_field_dpi", "check_roots_at_scale", "default_alignment_T",
     "check_loss_convergence_sampled", "check_ood_sampled",
     "reference_losses_multi", "check_loss_convergence_multi", "check_roots_multi",
+    "check_catformer_graph_recovery", "check_catformer_head_specialization", "check_induction_head",
 ]
