@@ -80,6 +80,7 @@ from .theory import (
 from .model.catformer import CatFormer, CatFormerParams, StandardTransformer, catformer_from_reduced, \
     to_disentangled, to_standard
 from .engine.catformer import CatFormerLossAndGrad, catformer_loss, catformer_loss_and_grad
+from .engine.catformer_attention import CatFormerAttention, catformer_attention
 from .train import MultiHeadTrainConfig, TrainConfig, Trajectory, train_multi_head, train_two_stage
 from .train import CatFormerTrajectory, train_catformer
 from . import checks
@@ -176,6 +177,8 @@ __all__ = [
     "to_disentangled",
     "to_standard",
     "catformer_from_reduced",
+    "CatFormerAttention",
+    "catformer_attention",
     "train_catformer",
     "CatFormerTrajectory",
 ]

@@ -29,6 +29,7 @@ on the thread count nor on how a ``client=`` splits the range.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -124,10 +125,10 @@ def _dispatch(task, model, params, eps, want_grad, client, opts) -> CatFormerLos
 
         if not (hasattr(client, "submit") and hasattr(client, "gather") and hasattr(client, "scheduler_info")):
             raise ArgumentTypeError(f"client must be a dask.distributed.Client, got {type(client).__name__}")
-        loss_s, dA_s, dW_s = _distributed._run(client, task, job, np.ones(job.n_blocks, dtype=np.int64))
+        loss_s, gr_s, _ = _distributed._run(client, task, job, np.ones(job.n_blocks, dtype=np.int64))
     else:
-        loss_s, dA_s, dW_s = run_chunk(task, job, 0, job.n_blocks)
-    return finish_slots(model, job, loss_s, dA_s, dW_s)
+        loss_s, gr_s, _ = run_chunk(task, job, 0, job.n_blocks)
+    return finish_slots(model, job, loss_s, gr_s)
 
 
 # ====================================================================== the trie engine
@@ -135,23 +136,21 @@ class CatFormerJob(NamedTuple):
     """One evaluation, ready for the kernels: the model's flat arrays and the block structure.
 
     ``kind = "catformer"`` routes it in :mod:`popgrad.engine.distributed` (a worker runs
-    :func:`run_chunk`). ``hinfo[g] = (layer, d_in, out offset, offset in Af)`` for the heads in global order
-    (layer by layer); heads ``last0 …`` are the last layer's.
+    :func:`run_chunk`). ``sizes = (T, S, d_0, d_w, n_heads, d_max, n_last', d_L, n_A, d_{L-1}, n_inner, last0,
+    n_last)`` (``d_w = max(d_{L-1}, d_0)``, ``n_last' = max(n_last, 1)``, ``n_A`` the length of the flat ``Ã``);
+    ``hinfo[g] = (layer, d_in, out offset, offset in Af)`` for the heads in global order (layer by layer;
+    heads ``last0 …`` are the last layer's); ``prm = [Af | AfT | W | WT]`` flat (``AfT`` every head's
+    ``Ãᵀ``).
     """
 
     kind: str
     n_fixed: int
     n_blocks: int
-    S: int
-    T: int
-    d0: int
-    dl1: int
-    n_inner: int
-    last0: int
-    n_last: int
+    sizes: tuple
     hinfo: np.ndarray
-    Af: np.ndarray
-    W: np.ndarray
+    prm: np.ndarray
+    n_A: int
+    w_shape: tuple
     eps: float
     softmax_readout: bool
     want_grad: bool
@@ -185,15 +184,20 @@ def make_job(task, model, params, eps, want_grad, opts) -> CatFormerJob:
             rows.append((l + 1, d, d * (1 + k), off))
             off += d * d
     hinfo = np.array(rows, dtype=np.int64)
-    Af = np.ascontiguousarray(np.concatenate([a.reshape(-1) for a in params.A]))
+    Af = np.concatenate([a.reshape(-1) for a in params.A])
+    AfT = np.concatenate([a.transpose(0, 2, 1).reshape(-1) for a in params.A])
+    prm = np.ascontiguousarray(np.concatenate([Af, AfT, params.W.reshape(-1), params.W.T.reshape(-1)]))
     n_last = model.heads[-1]
+    n_inner = len(rows) - n_last
+    dl1 = dims[L - 1]
+    sizes = (T, S, dims[0], max(dl1, dims[0]), len(rows), max(r[1] for r in rows), max(n_last, 1), dims[L],
+             len(Af), dl1, n_inner, n_inner, n_last)
     n_fixed, n_blocks = block_count(S, T, opts)
     import numba
 
     parallel = bool(n_blocks > 1 and task.n_sequences >= opts.parallel_min_sequences and numba.get_num_threads() > 1)
-    return CatFormerJob("catformer", n_fixed, n_blocks, S, T, dims[0], dims[L - 1], len(rows) - n_last,
-                        len(rows) - n_last, n_last, hinfo, Af, np.ascontiguousarray(params.W), float(eps),
-                        model.readout == "softmax", bool(want_grad), parallel)
+    return CatFormerJob("catformer", n_fixed, n_blocks, tuple(int(x) for x in sizes), hinfo, prm, len(Af),
+                        tuple(params.W.shape), float(eps), model.readout == "softmax", bool(want_grad), parallel)
 
 
 def weight_arrays(task):
@@ -201,7 +205,8 @@ def weight_arrays(task):
 
     ``w(s, c) = Σ_k pk0[k] Π_t ftab[k, roff[t] + r_t(s), s_t] · ttab[k, troff + r_tp(s), c]``, with
     ``r_t(s) = Σ_h s[par[t, h]] S^{npar[t]-1-h}`` the flat row of position ``t``'s parents.
-    Returns ``(npar, par, roff, ftab, pk0, tnpar, tpar, troff, ttab)``.
+    Returns ``(npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT)``, the tables atoms last
+    (``ftabT[row, token, k] = ftab[k, row, token]``: the kernels' products run over contiguous atoms).
     """
     S, T = task.S, task.T
     if isinstance(task, MultiParentTask):
@@ -212,8 +217,8 @@ def weight_arrays(task):
         npar = np.where(root, 0, k).astype(np.int64)
         par = np.where(root[:, None], 0, parents).astype(np.int64)
         roff = np.where(root, 0, 1).astype(np.int64)
-        return (npar, np.ascontiguousarray(par), roff, np.ascontiguousarray(ftab), pk0, int(k),
-                np.ascontiguousarray(tp, dtype=np.int64), 0, atoms)
+        return (npar, np.ascontiguousarray(par), roff, _atoms_last(ftab), pk0, int(k),
+                np.ascontiguousarray(tp, dtype=np.int64), 0, _atoms_last(atoms))
     parents, mu, atoms, prior_w = task.kernel_arrays()
     K = atoms.shape[0]
     ftab = np.concatenate([np.ones((K, 1, S)), mu[:, None, :], atoms], axis=1)
@@ -225,36 +230,41 @@ def weight_arrays(task):
             roff[t] = 1
         else:
             npar[t], par[t, 0], roff[t] = 1, parents[t], 2
-    return (npar, par, roff, np.ascontiguousarray(ftab), np.ascontiguousarray(prior_w / S), 1,
-            np.array([T - 1], dtype=np.int64), 0, atoms)
+    return (npar, par, roff, _atoms_last(ftab), np.ascontiguousarray(prior_w / S), 1,
+            np.array([T - 1], dtype=np.int64), 0, _atoms_last(atoms))
+
+
+def _atoms_last(tab):
+    """``(K, R, S) -> (R, S, K)``, contiguous."""
+    return np.ascontiguousarray(np.transpose(tab, (1, 2, 0)))
 
 
 def run_chunk(task, job, lo, hi):
-    """Blocks ``lo … hi-1`` of ``job``: slots ``(loss (n,), dA (n, len(Af)), dW (n, d_L, S))``, in block order.
+    """Blocks ``lo … hi-1`` of ``job``: slots ``(loss (n,), gr (n, n_A + d_L·S), empty (n, 0))``, in block order.
 
     The one block runner: the local path runs ``0 … n_blocks`` through it and a Dask worker a chunk
-    (:mod:`popgrad.engine.distributed`); the slots of a block are the same bits either way.
+    (:mod:`popgrad.engine.distributed`, which concatenates the three slot arrays of its chunks); a block's
+    slot is the same bits either way. ``gr[b] = [dA | dW]`` flat.
     """
     n = hi - lo
-    npar, par, roff, ftab, pk0, tnpar, tpar, troff, ttab = weight_arrays(task)
+    npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT = weight_arrays(task)
     loss_s = np.zeros(n)
-    dA_s = np.zeros((n, job.Af.shape[0]))
-    dW_s = np.zeros((n,) + job.W.shape)
+    gr_s = np.zeros((n, job.n_A + job.w_shape[0] * job.w_shape[1]))
     kernel = _kc.run_blocks if job.parallel and n > 1 else _kc.run_blocks_serial
-    kernel(lo, job.n_fixed, job.S, job.T, job.d0, job.dl1, job.n_inner, job.last0, job.n_last, job.hinfo, job.Af,
-           job.W, npar, par, roff, ftab, pk0, tnpar, tpar, troff, ttab, job.eps, job.softmax_readout, job.want_grad,
-           loss_s, dA_s, dW_s)
-    return loss_s, dA_s, dW_s
+    kernel(lo, job.n_fixed, job.sizes, job.hinfo, job.prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
+           job.eps, job.softmax_readout, job.want_grad, loss_s, gr_s)
+    return loss_s, gr_s, np.zeros((n, 0))
 
 
-def finish_slots(model, job, loss_s, dA_s, dW_s) -> CatFormerLossAndGrad:
-    """Add the slots in block order and unflatten ``dA`` into the list structure of ``params.A``."""
-    loss = float(_kc.sum_slots(loss_s, dA_s, dW_s))
+def finish_slots(model, job, loss_s, gr_s, _unused=None) -> CatFormerLossAndGrad:
+    """Add the slots in block order and unflatten ``[dA | dW]`` into the structure of ``params``."""
+    loss = float(_kc.sum_slots(loss_s, gr_s))
+    g = gr_s[0]
     dA, off = [], 0
     for m, d in zip(model.heads, model.dims[:-1]):
-        dA.append(dA_s[0, off:off + m * d * d].reshape(m, d, d).copy())
+        dA.append(g[off:off + m * d * d].reshape(m, d, d).copy())
         off += m * d * d
-    return _finish(loss, dA, dW_s[0].copy(), job.want_grad)
+    return _finish(loss, dA, g[off:].reshape(job.w_shape).copy(), job.want_grad)
 
 
 def catformer_loss_and_grad_numpy(task, model, params, eps=None, chunk=4096) -> CatFormerLossAndGrad:
@@ -279,7 +289,12 @@ def _reference(task, model, params, eps, want_grad, chunk) -> CatFormerLossAndGr
 
 def _finish(loss, dA, dW, want_grad) -> CatFormerLossAndGrad:
     if math.isinf(loss) or math.isnan(loss):
-        warn_inf("catformer_loss_and_grad") if math.isinf(loss) else None
+        if math.isinf(loss):
+            warn_inf("catformer_loss_and_grad")
+        else:
+            warnings.warn("catformer_loss_and_grad: the loss is NaN: with the linear readout some sequence with "
+                          "positive weight has f_c + eps <= 0 (log undefined); gradients are NaN",
+                          RuntimeWarning, stacklevel=3)
         if want_grad:
             dA = [np.full_like(a, np.nan) for a in dA]
             dW = np.full_like(dW, np.nan)

@@ -274,6 +274,10 @@ def _run_chunk(fp, task, job, lo, hi):
         return _direct_chunk(task, job, lo, hi)
     if job.kind == "multi":
         return _multi_chunk(task, job, lo, hi)
+    if job.kind == "catformer":  # the disentangled transformer's blocks (popgrad.engine.catformer)
+        from .catformer import run_chunk as _catformer_chunk
+
+        return _catformer_chunk(task, job, lo, hi)
     raise ValueError(f"unknown engine {job.kind!r}")
 
 

@@ -39,158 +39,242 @@ import numpy as np
 from numba import njit, prange
 
 
-@njit(cache=True, error_model="numpy")
-def _row_forward(t, s, S, d0, g, hinfo, Af, H, Pr, U, write_out):
-    """Row ``t`` of head ``g``: ``u = H[t] Ã``, scores ``z_j = u · H[j]`` (``j ≤ t``), softmax, output."""
-    din = hinfo[g, 1]
-    oo = hinfo[g, 2]
-    ao = hinfo[g, 3]
-    st = s[t]
-    r1 = ao + st * din
-    r2 = ao + (S + t) * din
-    for b in range(din):
-        U[t, g, b] = Af[r1 + b] + Af[r2 + b]
-    for a in range(d0, din):
-        x = H[t, a]
-        if x != 0.0:
-            ra = ao + a * din
-            for b in range(din):
-                U[t, g, b] += x * Af[ra + b]
-    m = -np.inf
-    for j in range(t + 1):
-        z = U[t, g, s[j]] + U[t, g, S + j]
-        for a in range(d0, din):
-            z += U[t, g, a] * H[j, a]
-        Pr[t, g, j] = z
-        if z > m:
-            m = z
-    tot = 0.0
-    for j in range(t + 1):
-        e = np.exp(Pr[t, g, j] - m)
-        Pr[t, g, j] = e
-        tot += e
-    inv = 1.0 / tot
-    for j in range(t + 1):
-        Pr[t, g, j] *= inv
-    if write_out:
-        for a in range(din):
-            H[t, oo + a] = 0.0
-        for j in range(t + 1):
-            p = Pr[t, g, j]
-            H[t, oo + s[j]] += p
-            H[t, oo + S + j] += p
-            for a in range(d0, din):
-                H[t, oo + a] += p * H[j, a]
+@njit(cache=True, error_model="numpy", inline="always")
+def _offsets(z):
+    """Offsets of the workspace ``F`` (see :func:`_block`) from the size tuple ``z``."""
+    T, S, d0, dw, nh, dmax, nl = z[0], z[1], z[2], z[3], z[4], z[5], z[6]
+    oH = 0
+    oHt = oH + T * dw
+    oG = oHt + dw * T
+    oPr = oG + T * dw
+    oU = oPr + T * nh * T
+    ohw = oU + T * nh * dmax
+    oGhw = ohw + T * nl * S
+    odP = oGhw + T * nl * S
+    odzs = odP + T
+    odu = odzs + T
+    oo = odu + dmax
+    oz = oo + dmax
+    odz = oz + S
+    owv = odz + S
+    return oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, owv + S
 
 
-@njit(cache=True, error_model="numpy")
-def _scores_backward(t, s, S, d0, g, hinfo, Af, H, U, dzs, du, G, dA):
-    """Adjoint of the scores ``z_j = H[t] Ã H[j]ᵀ`` of row ``t``, head ``g``, given ``dzs[j] = ∂L/∂z_j``.
+@njit(cache=True, error_model="numpy", inline="always")
+def _row_forward(t, g, z, s, hinfo, prm, F, write_out):
+    """Row ``t`` of head ``g``: ``u = H[t] Ã``, scores ``z_j = u · H[j]`` (``j ≤ t``), softmax, output.
 
-    ``du = Σ_j dz_j H[j]``; ``dÃ += H[t]ᵀ du``; ``G[t] += Ã du``; ``G[j] += dz_j u`` (coordinates ``≥ d_0``:
-    the input ``x̃`` needs no adjoint).
+    The output ``Σ_j P_j H[j, :d_in]`` goes to ``H[t, out : out + d_in]`` and ``Ht`` when ``write_out``.
     """
+    T, S, d0, dw, nh, dmax = z[0], z[1], z[2], z[3], z[4], z[5]
+    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
     din = hinfo[g, 1]
+    out = hinfo[g, 2]
     ao = hinfo[g, 3]
-    for b in range(din):
-        du[b] = 0.0
-    for j in range(t + 1):
-        c = dzs[j]
-        du[s[j]] += c
-        du[S + j] += c
-        for a in range(d0, din):
-            du[a] += c * H[j, a]
-            G[j, a] += c * U[t, g, a]
+    u0 = oU + (t * nh + g) * dmax
+    h0 = oH + t * dw
     r1 = ao + s[t] * din
     r2 = ao + (S + t) * din
     for b in range(din):
-        dA[r1 + b] += du[b]
-        dA[r2 + b] += du[b]
+        F[u0 + b] = prm[r1 + b] + prm[r2 + b]
     for a in range(d0, din):
-        x = H[t, a]
-        ra = ao + a * din
-        acc = 0.0
-        for b in range(din):
-            dA[ra + b] += x * du[b]
-            acc += Af[ra + b] * du[b]
-        G[t, a] += acc
+        x = F[h0 + a]
+        if x != 0.0:
+            ra = ao + a * din
+            for b in range(din):
+                F[u0 + b] += x * prm[ra + b]
+    p0 = oPr + (t * nh + g) * T
+    n = t + 1
+    for j in range(n):
+        F[p0 + j] = F[u0 + s[j]] + F[u0 + S + j]
+    for a in range(d0, din):
+        ua = F[u0 + a]
+        q0 = oHt + a * T
+        for j in range(n):
+            F[p0 + j] += ua * F[q0 + j]
+    m = F[p0]
+    for j in range(1, n):
+        if F[p0 + j] > m:
+            m = F[p0 + j]
+    tot = 0.0
+    for j in range(n):
+        e = np.exp(F[p0 + j] - m)
+        F[p0 + j] = e
+        tot += e
+    inv = 1.0 / tot
+    for j in range(n):
+        F[p0 + j] *= inv
+    if write_out:
+        for a in range(din):
+            F[oo + a] = 0.0
+        for j in range(n):
+            p = F[p0 + j]
+            F[oo + s[j]] += p
+            F[oo + S + j] += p
+            hj = oH + j * dw
+            for a in range(d0, din):
+                F[oo + a] += p * F[hj + a]
+        for a in range(din):
+            v = F[oo + a]
+            F[h0 + out + a] = v
+            F[oHt + (out + a) * T + t] = v
 
 
-@njit(cache=True, error_model="numpy")
-def _softmax_backward(t, g, Pr, dP, dzs):
+@njit(cache=True, error_model="numpy", inline="always")
+def _softmax_backward(t, g, z, F):
     """``dzs_j = P_j (dP_j - Σ_i P_i dP_i)`` for ``j ≤ t``."""
+    T, nh = z[0], z[4]
+    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    p0 = oPr + (t * nh + g) * T
     m = 0.0
     for j in range(t + 1):
-        m += Pr[t, g, j] * dP[j]
+        m += F[p0 + j] * F[odP + j]
     for j in range(t + 1):
-        dzs[j] = Pr[t, g, j] * (dP[j] - m)
+        F[odzs + j] = F[p0 + j] * (F[odP + j] - m)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _scores_backward(t, g, z, s, hinfo, prm, F, gr):
+    """Adjoint of the scores ``z_j = H[t] Ã H[j]ᵀ`` of row ``t``, head ``g``, given ``dzs[j] = ∂L/∂z_j``.
+
+    ``du = Σ_j dz_j H[j]``; ``dÃ += H[t]ᵀ du``; ``G[t] += Ã du``; ``G[j] += dz_j u`` (coordinates ``≥ d_0``
+    only: the input ``x̃`` needs no adjoint).
+    """
+    T, S, d0, dw, nh, dmax = z[0], z[1], z[2], z[3], z[4], z[5]
+    nA = z[8]
+    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    din = hinfo[g, 1]
+    ao = hinfo[g, 3]
+    u0 = oU + (t * nh + g) * dmax
+    for b in range(din):
+        F[odu + b] = 0.0
+    for j in range(t + 1):
+        c = F[odzs + j]
+        F[odu + s[j]] += c
+        F[odu + S + j] += c
+        if c != 0.0:
+            hj = oH + j * dw
+            gj = oG + j * dw
+            for a in range(d0, din):
+                F[odu + a] += c * F[hj + a]
+                F[gj + a] += c * F[u0 + a]
+    r1 = ao + s[t] * din
+    r2 = ao + (S + t) * din
+    for b in range(din):
+        gr[r1 + b] += F[odu + b]
+    for b in range(din):
+        gr[r2 + b] += F[odu + b]
+    h0 = oH + t * dw
+    for a in range(d0, din):
+        x = F[h0 + a]
+        if x != 0.0:
+            ra = ao + a * din
+            for b in range(din):
+                gr[ra + b] += x * F[odu + b]
+    g0 = oG + t * dw
+    for b in range(din):
+        c = F[odu + b]
+        if c != 0.0:
+            rb = nA + ao + b * din
+            for a in range(d0, din):
+                F[g0 + a] += c * prm[rb + a]
 
 
 @njit(cache=True, error_model="numpy")
-def _node_forward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, hw):
+def _node_forward(t, z, s, hinfo, prm, F):
     """Row ``t`` of layers ``1 … L-1`` (heads ``0 … n_inner-1``) and ``hw[t, k] = H[t] W_k`` of the last heads."""
+    T, S, d0, dw, nh, dmax, nl = z[0], z[1], z[2], z[3], z[4], z[5], z[6]
+    nA, dl1, n_inner, last0, n_last = z[8], z[9], z[10], z[11], z[12]
+    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
     for g in range(n_inner):
-        _row_forward(t, s, S, d0, g, hinfo, Af, H, Pr, U, True)
-    nS = W.shape[1]
+        _row_forward(t, g, z, s, hinfo, prm, F, True)
+    oW = 2 * nA
+    h0 = oH + t * dw
     for k in range(n_last):
         wo = hinfo[last0 + k, 2]
-        for c in range(nS):
-            v = W[wo + s[t], c] + W[wo + S + t, c]
-            for a in range(d0, dl1):
-                v += H[t, a] * W[wo + a, c]
-            hw[t, k, c] = v
+        k0 = ohw + (t * nl + k) * S
+        for c in range(S):
+            F[k0 + c] = prm[oW + (wo + s[t]) * S + c] + prm[oW + (wo + S + t) * S + c]
+        for a in range(d0, dl1):
+            x = F[h0 + a]
+            if x != 0.0:
+                w0 = oW + (wo + a) * S
+                for c in range(S):
+                    F[k0 + c] += x * prm[w0 + c]
 
 
 @njit(cache=True, error_model="numpy")
-def _node_backward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, G, Ghw, dA, dW, dP, dzs, du):
+def _node_backward(t, z, s, hinfo, prm, F, gr):
     """Back-propagate row ``t`` (its ``hw[t]``, then layers ``L-1 … 1``) from the adjoints ``G[t]``, ``Ghw[t]``.
 
-    Adds into ``dA``, ``dW`` and ``G[j]`` for ``j ≤ t``; then zeroes ``G[t]``, ``Ghw[t]`` (the next sibling).
+    Adds into ``dA``, ``dW`` and ``G[j]`` for ``j ≤ t``; then zeroes ``G[t]``, ``Ghw[t]`` (for the next sibling).
     """
-    nS = W.shape[1]
+    T, S, d0, dw, nh, dmax, nl = z[0], z[1], z[2], z[3], z[4], z[5], z[6]
+    dL, nA, dl1, n_inner, last0, n_last = z[7], z[8], z[9], z[10], z[11], z[12]
+    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    oW = 2 * nA
+    oWT = oW + dL * S
+    h0 = oH + t * dw
+    g0 = oG + t * dw
     for k in range(n_last):
         wo = hinfo[last0 + k, 2]
-        for c in range(nS):
-            gc = Ghw[t, k, c]
-            dW[wo + s[t], c] += gc
-            dW[wo + S + t, c] += gc
-            for a in range(d0, dl1):
-                dW[wo + a, c] += H[t, a] * gc
+        k0 = oGhw + (t * nl + k) * S
+        for c in range(S):
+            gr[nA + (wo + s[t]) * S + c] += F[k0 + c]
+            gr[nA + (wo + S + t) * S + c] += F[k0 + c]
         for a in range(d0, dl1):
-            acc = 0.0
-            for c in range(nS):
-                acc += W[wo + a, c] * Ghw[t, k, c]
-            G[t, a] += acc
+            x = F[h0 + a]
+            if x != 0.0:
+                w0 = nA + (wo + a) * S
+                for c in range(S):
+                    gr[w0 + c] += x * F[k0 + c]
+        for c in range(S):
+            gc = F[k0 + c]
+            if gc != 0.0:
+                w0 = oWT + c * dL + wo
+                for a in range(d0, dl1):
+                    F[g0 + a] += gc * prm[w0 + a]
     for g in range(n_inner - 1, -1, -1):
         din = hinfo[g, 1]
-        oo = hinfo[g, 2]
+        out = hinfo[g, 2]
         for j in range(t + 1):
-            v = G[t, oo + s[j]] + G[t, oo + S + j]
+            F[odP + j] = F[g0 + out + s[j]] + F[g0 + out + S + j]
+        for a in range(d0, din):
+            ga = F[g0 + out + a]
+            if ga != 0.0:
+                q0 = oHt + a * T
+                for j in range(t + 1):
+                    F[odP + j] += ga * F[q0 + j]
+        p0 = oPr + (t * nh + g) * T
+        for j in range(t + 1):
+            p = F[p0 + j]
+            gj = oG + j * dw
             for a in range(d0, din):
-                v += G[t, oo + a] * H[j, a]
-            dP[j] = v
-            p = Pr[t, g, j]
-            for a in range(d0, din):
-                G[j, a] += p * G[t, oo + a]
-        _softmax_backward(t, g, Pr, dP, dzs)
-        _scores_backward(t, s, S, d0, g, hinfo, Af, H, U, dzs, du, G, dA)
-    for a in range(G.shape[1]):
-        G[t, a] = 0.0
+                F[gj + a] += p * F[g0 + out + a]
+        _softmax_backward(t, g, z, F)
+        _scores_backward(t, g, z, s, hinfo, prm, F, gr)
+    for a in range(dw):
+        F[g0 + a] = 0.0
     for k in range(n_last):
-        for c in range(nS):
-            Ghw[t, k, c] = 0.0
+        k0 = oGhw + (t * nl + k) * S
+        for c in range(S):
+            F[k0 + c] = 0.0
 
 
 @njit(cache=True, error_model="numpy")
-def _enter_weights(t, s, S, npar, par, roff, ftab, pk):
-    """``pk[t+1, k] = pk[t, k] · ftab[k, row_t(s), s_t]``; return whether any product is positive."""
+def _enter_weights(t, s, S, npar, par, roff, ftabT, pk):
+    """``pk[t+1, k] = pk[t, k] · ftab[k, row_t(s), s_t]``; return whether any product is positive.
+
+    ``ftabT[row, token, k]`` is the factor table with the atoms last (contiguous products).
+    """
     r = 0  # the parents' flat row: Σ_h s[par_h] S^{n-1-h}
     for h in range(npar[t]):
         r = r * S + s[par[t, h]]
     row = roff[t] + r
+    tok = s[t]
     alive = False
     for k in range(pk.shape[1]):
-        v = pk[t, k] * ftab[k, row, s[t]]
+        v = pk[t, k] * ftabT[row, tok, k]
         pk[t + 1, k] = v
         if v != 0.0:
             alive = True
@@ -198,167 +282,218 @@ def _enter_weights(t, s, S, npar, par, roff, ftab, pk):
 
 
 @njit(cache=True, error_model="numpy")
-def _leaf(s, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, hw, G, Ghw, pk, tnpar, tpar, troff,
-          ttab, eps, softmax_readout, want_grad, dA, dW, z, wv, dz, dP, dzs, du):
-    """Last position: the last layer's row ``T-1``, readout, loss ``-Σ_c w_c log(f_c + ε)``, its backward."""
+def _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, Wl, coef):
+    """``Wl[q, c] = w(s_0 … s_{T-2} q, c)`` for every last token ``q`` (once per parent of leaves).
+
+    ``Wl[q, c] = Σ_k pk[T-1, k] ftab[k, row_{T-1}, q] ttab[k, r_tp(q), c]`` with the tables atoms-last
+    (``ftabT``, ``ttabT``); the sum over atoms in two interleaved partial sums.
+    """
     t = T - 1
-    nS = W.shape[1]
     r = 0
-    for h in range(tnpar):
-        r = r * S + s[tpar[h]]
-    r += troff
+    for h in range(npar[t]):
+        r = r * S + s[par[t, h]]
+    row = roff[t] + r
+    K = pk.shape[1]
+    nS = Wl.shape[1]
+    for q in range(S):
+        rt = 0
+        for h in range(tnpar):
+            tok = q if tpar[h] == t else s[tpar[h]]
+            rt = rt * S + tok
+        for k in range(K):
+            coef[k] = pk[t, k] * ftabT[row, q, k]
+        rr = troff + rt
+        for c in range(nS):
+            a0 = 0.0
+            a1 = 0.0
+            k = 0
+            while k + 1 < K:
+                a0 += coef[k] * ttabT[rr, c, k]
+                a1 += coef[k + 1] * ttabT[rr, c, k + 1]
+                k += 2
+            if k < K:
+                a0 += coef[k] * ttabT[rr, c, k]
+            Wl[q, c] = a0 + a1
+
+
+@njit(cache=True, error_model="numpy")
+def _leaf(z, s, hinfo, prm, F, gr, eps, softmax_readout, want_grad):
+    """Last position: the last layer's row ``T-1``, readout, loss ``-Σ_c w_c log(f_c + ε)``, its backward.
+
+    The leaf's weights ``w(s, ·)`` are in ``F[owv:]``. Returns the leaf's loss; the caller back-propagates
+    the row ``T-1`` itself (:func:`_node_backward`).
+    """
+    T, S, d0, dw, nh, dmax, nl = z[0], z[1], z[2], z[3], z[4], z[5], z[6]
+    dL, nA, dl1, n_inner, last0, n_last = z[7], z[8], z[9], z[10], z[11], z[12]
+    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    oW = 2 * nA
+    oWT = oW + dL * S
+    t = T - 1
+    h0 = oH + t * dw
+    g0 = oG + t * dw
     tot_w = 0.0
-    for c in range(nS):
-        v = 0.0
-        for k in range(pk.shape[1]):
-            v += pk[T, k] * ttab[k, r, c]
-        wv[c] = v
-        tot_w += v
-    if tot_w == 0.0:
-        return 0.0
+    for c in range(S):
+        tot_w += F[owv + c]
     for k in range(n_last):
-        _row_forward(t, s, S, d0, last0 + k, hinfo, Af, H, Pr, U, False)
-    for c in range(nS):
-        v = W[s[t], c] + W[S + t, c]
-        for a in range(d0, dl1):
-            v += H[t, a] * W[a, c]
-        for k in range(n_last):
-            for j in range(T):
-                v += Pr[t, last0 + k, j] * hw[j, k, c]
-        z[c] = v
+        _row_forward(t, last0 + k, z, s, hinfo, prm, F, False)
+    for c in range(S):
+        F[oz + c] = prm[oW + s[t] * S + c] + prm[oW + (S + t) * S + c]
+    for a in range(d0, dl1):
+        x = F[h0 + a]
+        if x != 0.0:
+            for c in range(S):
+                F[oz + c] += x * prm[oW + a * S + c]
+    for k in range(n_last):
+        p0 = oPr + (t * nh + last0 + k) * T
+        for j in range(T):
+            p = F[p0 + j]
+            k0 = ohw + (j * nl + k) * S
+            for c in range(S):
+                F[oz + c] += p * F[k0 + c]
     loss = 0.0
     if softmax_readout:
-        m = z[0]
-        for c in range(1, nS):
-            if z[c] > m:
-                m = z[c]
+        m = F[oz]
+        for c in range(1, S):
+            if F[oz + c] > m:
+                m = F[oz + c]
         tot = 0.0
-        for c in range(nS):
-            tot += np.exp(z[c] - m)
+        for c in range(S):
+            tot += np.exp(F[oz + c] - m)
         lse = m + np.log(tot)
-        if eps == 0.0:
-            for c in range(nS):
-                if wv[c] > 0.0:
-                    loss -= wv[c] * (z[c] - lse)
-            for c in range(nS):
-                dz[c] = np.exp(z[c] - lse) * tot_w - wv[c]
+        if eps == 0.0:  # cross entropy as a log-softmax
+            for c in range(S):
+                wc = F[owv + c]
+                if wc > 0.0:
+                    loss -= wc * (F[oz + c] - lse)
+                F[odz + c] = np.exp(F[oz + c] - lse) * tot_w - wc
         else:
             rbar = 0.0
-            for c in range(nS):
-                f = np.exp(z[c] - lse)
-                if wv[c] > 0.0:
-                    loss -= wv[c] * np.log(f + eps)
-                    dz[c] = -wv[c] / (f + eps)
+            for c in range(S):
+                f = np.exp(F[oz + c] - lse)
+                wc = F[owv + c]
+                if wc > 0.0:
+                    loss -= wc * np.log(f + eps)
+                    F[odz + c] = -wc / (f + eps)
                 else:
-                    dz[c] = 0.0
-                rbar += f * dz[c]
-            for c in range(nS):
-                dz[c] = np.exp(z[c] - lse) * (dz[c] - rbar)
+                    F[odz + c] = 0.0
+                rbar += f * F[odz + c]
+            for c in range(S):
+                F[odz + c] = np.exp(F[oz + c] - lse) * (F[odz + c] - rbar)
     else:
-        for c in range(nS):
-            if wv[c] > 0.0:
-                loss -= wv[c] * np.log(z[c] + eps)
-                dz[c] = -wv[c] / (z[c] + eps)
+        for c in range(S):
+            wc = F[owv + c]
+            if wc > 0.0:
+                loss -= wc * np.log(F[oz + c] + eps)
+                F[odz + c] = -wc / (F[oz + c] + eps)
             else:
-                dz[c] = 0.0
+                F[odz + c] = 0.0
     if not want_grad:
         return loss
-    # readout: z = H[t] W[:dl1] + Σ_k Σ_j P^k_j hw[j, k]
-    for c in range(nS):
-        dW[s[t], c] += dz[c]
-        dW[S + t, c] += dz[c]
-        for a in range(d0, dl1):
-            dW[a, c] += H[t, a] * dz[c]
+    # readout z = H[t] W[:dl1] + Σ_k Σ_j P^k_j hw[j, k]
+    for c in range(S):
+        gr[nA + s[t] * S + c] += F[odz + c]
+        gr[nA + (S + t) * S + c] += F[odz + c]
     for a in range(d0, dl1):
-        acc = 0.0
-        for c in range(nS):
-            acc += W[a, c] * dz[c]
-        G[t, a] += acc
+        x = F[h0 + a]
+        if x != 0.0:
+            for c in range(S):
+                gr[nA + a * S + c] += x * F[odz + c]
+    for c in range(S):
+        gc = F[odz + c]
+        w0 = oWT + c * dL
+        for a in range(d0, dl1):
+            F[g0 + a] += gc * prm[w0 + a]
     for k in range(n_last):
         g = last0 + k
+        p0 = oPr + (t * nh + g) * T
         for j in range(T):
+            p = F[p0 + j]
+            k0 = ohw + (j * nl + k) * S
+            q0 = oGhw + (j * nl + k) * S
             v = 0.0
-            p = Pr[t, g, j]
-            for c in range(nS):
-                v += dz[c] * hw[j, k, c]
-                Ghw[j, k, c] += p * dz[c]
-            dP[j] = v
-        _softmax_backward(t, g, Pr, dP, dzs)
-        _scores_backward(t, s, S, d0, g, hinfo, Af, H, U, dzs, du, G, dA)
+            for c in range(S):
+                v += F[odz + c] * F[k0 + c]
+                F[q0 + c] += p * F[odz + c]
+            F[odP + j] = v
+        _softmax_backward(t, g, z, F)
+        _scores_backward(t, g, z, s, hinfo, prm, F, gr)
     return loss
 
 
 @njit(cache=True, error_model="numpy")
-def _block(b, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, npar, par, roff, ftab, pk0, tnpar, tpar,
-           troff, ttab, eps, softmax_readout, want_grad, dA, dW):
+def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT, eps, softmax_readout,
+           want_grad, gr):
     """Block ``b``: every sequence whose first ``n_fixed`` tokens are the base-``S`` digits of ``b``; its loss.
 
-    Adds the block's gradient into ``dA`` (flat, the layout of ``Af``) and ``dW``.
+    Adds the block's gradient into ``gr = [dA (flat, the layout of Af) | dW (flat)]``. One float workspace
+    ``F`` holds the rows ``H``, their transpose ``Ht``, the adjoints ``G``, the attention rows ``Pr``, the
+    query vectors ``U``, ``hw`` and its adjoint and the leaf scratch (:func:`_offsets`): the helpers take
+    a handful of arrays and index them flat (no views in the loops: every view or array argument costs
+    an atomic reference-count update).
     """
-    nh = hinfo.shape[0]
-    dmax = 1
-    for g in range(nh):
-        if hinfo[g, 1] > dmax:
-            dmax = hinfo[g, 1]
-    nS = W.shape[1]
+    T, S = z[0], z[1]
     K = pk0.shape[0]
+    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, size = _offsets(z)
+    dw = z[3]
+    F = np.zeros(size)
     s = np.zeros(T, dtype=np.int64)
-    H = np.zeros((T, max(dl1, d0)))
-    G = np.zeros((T, max(dl1, d0)))
-    Pr = np.zeros((T, nh, T))
-    U = np.zeros((T, nh, dmax))
-    hw = np.zeros((T, max(n_last, 1), nS))
-    Ghw = np.zeros((T, max(n_last, 1), nS))
     pk = np.zeros((T + 1, K))
-    z = np.zeros(nS)
-    wv = np.zeros(nS)
-    dz = np.zeros(nS)
-    dP = np.zeros(T)
-    dzs = np.zeros(T)
-    du = np.zeros(dmax)
+    Wl = np.zeros((S, S))
+    coef = np.zeros(K)
     for k in range(K):
         pk[0, k] = pk0[k]
     rem = b
     for t in range(n_fixed - 1, -1, -1):
         s[t] = rem % S
         rem //= S
-    for t in range(T):  # the input rows x̃_t are written once; their token coordinate as the walk moves
-        H[t, S + t] = 1.0
+    for t in range(T):  # x̃_t: the position one-hot is fixed; the token one-hot moves with the walk
+        F[oH + t * dw + S + t] = 1.0
     loss = 0.0
-    alive = True
     for t in range(n_fixed):
-        H[t, s[t]] = 1.0
-        if not _enter_weights(t, s, S, npar, par, roff, ftab, pk):
+        F[oH + t * dw + s[t]] = 1.0
+        if t < T - 1:
+            alive = _enter_weights(t, s, S, npar, par, roff, ftabT, pk)
+        else:
+            _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, Wl, coef)
             alive = False
-            break
-        _node_forward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, hw)
-    if not alive:
-        return 0.0
+            for c in range(S):
+                F[owv + c] = Wl[s[t], c]
+                if Wl[s[t], c] > 0.0:
+                    alive = True
+        if not alive:
+            return 0.0
+        _node_forward(t, z, s, hinfo, prm, F)
     if n_fixed == T:  # the block is one sequence
-        loss = _leaf(s, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, hw, G, Ghw, pk, tnpar,
-                     tpar, troff, ttab, eps, softmax_readout, want_grad, dA, dW, z, wv, dz, dP, dzs, du)
+        loss = _leaf(z, s, hinfo, prm, F, gr, eps, softmax_readout, want_grad)
     else:
         t = n_fixed
         s[t] = 0
         while True:
-            H[t, s[t]] = 1.0
-            ok = _enter_weights(t, s, S, npar, par, roff, ftab, pk)
+            F[oH + t * dw + s[t]] = 1.0
+            if t < T - 1:
+                ok = _enter_weights(t, s, S, npar, par, roff, ftabT, pk)
+            else:
+                if s[t] == 0:
+                    _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, Wl, coef)
+                ok = False
+                q = s[t]
+                for c in range(S):
+                    F[owv + c] = Wl[q, c]
+                    if Wl[q, c] > 0.0:
+                        ok = True
             if ok:
-                _node_forward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, hw)
+                _node_forward(t, z, s, hinfo, prm, F)
                 if t < T - 1:
                     t += 1
                     s[t] = 0
                     continue
-                loss += _leaf(s, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, hw, G, Ghw, pk,
-                              tnpar, tpar, troff, ttab, eps, softmax_readout, want_grad, dA, dW, z, wv, dz, dP,
-                              dzs, du)
-            if want_grad and ok:
-                _node_backward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, G, Ghw, dA, dW,
-                               dP, dzs, du)
-            # next node: the next sibling, or up (each parent back-propagated after its last child)
+                loss += _leaf(z, s, hinfo, prm, F, gr, eps, softmax_readout, want_grad)
+                if want_grad:
+                    _node_backward(t, z, s, hinfo, prm, F, gr)
+            # next node: the next sibling, or up (a parent is back-propagated after its last child)
             done = False
             while True:
-                H[t, s[t]] = 0.0
+                F[oH + t * dw + s[t]] = 0.0
                 s[t] += 1
                 if s[t] < S:
                     break
@@ -368,44 +503,39 @@ def _block(b, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, npar
                     done = True
                     break
                 if want_grad:
-                    _node_backward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, G, Ghw,
-                                   dA, dW, dP, dzs, du)
+                    _node_backward(t, z, s, hinfo, prm, F, gr)
             if done:
                 break
     if want_grad:
         for t in range(n_fixed - 1, -1, -1):
-            _node_backward(t, s, S, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, H, Pr, U, G, Ghw, dA, dW,
-                           dP, dzs, du)
+            _node_backward(t, z, s, hinfo, prm, F, gr)
     return loss
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def run_blocks(lo, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, npar, par, roff, ftab, pk0,
-               tnpar, tpar, troff, ttab, eps, softmax_readout, want_grad, loss_out, dA_out, dW_out):
-    """Blocks ``lo … lo + len(loss_out) - 1`` into slots ``0 …`` (``loss_out[b]``, ``dA_out[b]``, ``dW_out[b]``)."""
+def run_blocks(lo, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT, eps,
+               softmax_readout, want_grad, loss_out, gr_out):
+    """Blocks ``lo … lo + len(loss_out) - 1`` into slots ``0 …`` (``loss_out[b]``, ``gr_out[b] = [dA | dW]``)."""
     for b in prange(loss_out.shape[0]):
-        loss_out[b] = _block(lo + b, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, npar, par, roff,
-                             ftab, pk0, tnpar, tpar, troff, ttab, eps, softmax_readout, want_grad, dA_out[b],
-                             dW_out[b])
+        loss_out[b] = _block(lo + b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
+                             eps, softmax_readout, want_grad, gr_out[b])
 
 
 @njit(cache=True, error_model="numpy")
-def run_blocks_serial(lo, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, npar, par, roff, ftab, pk0,
-                      tnpar, tpar, troff, ttab, eps, softmax_readout, want_grad, loss_out, dA_out, dW_out):
+def run_blocks_serial(lo, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT, eps,
+                      softmax_readout, want_grad, loss_out, gr_out):
     """:func:`run_blocks` on the calling thread (same blocks, same bits)."""
     for b in range(loss_out.shape[0]):
-        loss_out[b] = _block(lo + b, n_fixed, S, T, d0, dl1, n_inner, last0, n_last, hinfo, Af, W, npar, par, roff,
-                             ftab, pk0, tnpar, tpar, troff, ttab, eps, softmax_readout, want_grad, dA_out[b],
-                             dW_out[b])
+        loss_out[b] = _block(lo + b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
+                             eps, softmax_readout, want_grad, gr_out[b])
 
 
 @njit(cache=True)
-def sum_slots(loss_out, dA_out, dW_out):
+def sum_slots(loss_out, gr_out):
     """Add the slots in block order into slot 0 (thread-count independent); return the total loss."""
     loss = loss_out[0]
     for b in range(1, loss_out.shape[0]):
         loss += loss_out[b]
-        dA_out[0] += dA_out[b]
-        dW_out[0] += dW_out[b]
+        gr_out[0] += gr_out[b]
     loss_out[0] = loss
     return loss
