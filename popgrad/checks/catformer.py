@@ -14,7 +14,8 @@ All exact for the task's finite prior (enumeration of every sequence):
 
 Layer-1 blocks of ``Ã^(1)`` (``d_0 = S + T``, token one-hot first):
 ``[:S, :S]`` token-token, ``[:S, S:]`` token-position, ``[S:, :S]``
-position-token, ``[S:, S:]`` position-position (the reduced model's ``A1``).
+position-token, ``[S:, S:]`` position-position (the reduced model's ``A1``;
+:func:`popgrad.engine.catformer_attention.score_blocks`).
 Layer-2 features of a position: ``h^(1) = [x̃, out_1, …, out_m]`` with head
 ``h``'s output in columns ``d_0(1+h) : d_0(2+h)``, its token part the first
 ``S`` of them (the parent token head ``h`` copied).
@@ -24,12 +25,13 @@ from __future__ import annotations
 import numpy as np
 
 from .._validation import ArgumentTypeError
-from ..model.catformer import CatFormer, catformer_forward, embed
+from ..engine.catformer_attention import catformer_attention
+from ..model.catformer import CatFormer, catformer_forward
 from ..task.tasks import MultiParentTask, Task
 from .results import CheckResult, not_applicable
 from .theorems import check_head_specialization
 
-__all__ = ["population_attention", "positional_attention", "attention_blocks", "attention_to_parent_per_position",
+__all__ = ["population_attention", "positional_attention", "attention_to_parent_per_position",
            "check_catformer_graph_recovery", "check_catformer_head_specialization", "check_induction_head",
            "slot_attention", "soft_split", "heads_difference"]
 
@@ -47,7 +49,7 @@ def _check(task, model, params):
 
 
 def population_attention(task, model, params) -> np.ndarray:
-    """Exact population-average layer-1 attention of each head.
+    """Exact population-average layer-1 attention of each head (:func:`popgrad.catformer_attention`'s ``mean``).
 
     ``P̄^h[i, j] = Σ_s p(s) softmax_j(MASK(x̃(s) Ã^(1)_h x̃(s)ᵀ))[i, j]`` over every sequence
     (``p(s) = Σ_c w(s, c)``, the task's exact weights).
@@ -58,21 +60,7 @@ def population_attention(task, model, params) -> np.ndarray:
         Row-stochastic, lower triangular.
     """
     params = _check(task, model, params)
-    task.check_size()
-    A = params.A[0]
-    m, T, S = A.shape[0], model.T, model.S
-    out = np.zeros((m, T, T))
-    low = np.tri(T, dtype=bool)
-    for seqs, w in task.enumerate(chunk_size=_CHUNK):
-        x = embed(S, T, seqs)
-        p = w.sum(axis=1)
-        for h in range(m):
-            z = np.einsum("nia,ab,njb->nij", x, A[h], x)
-            z = np.where(low, z, -np.inf)
-            z = np.exp(z - z.max(axis=2, keepdims=True))
-            P = z / z.sum(axis=2, keepdims=True)
-            out[h] += np.einsum("n,nij->ij", p, P)
-    return out
+    return catformer_attention(task, model, params, chunk=_CHUNK).mean
 
 
 def positional_attention(model, params) -> np.ndarray:
@@ -85,17 +73,6 @@ def positional_attention(model, params) -> np.ndarray:
     z = np.where(low, params.A[0][:, S:, S:], -np.inf)
     z = np.exp(z - z.max(axis=2, keepdims=True))
     return z / z.sum(axis=2, keepdims=True)
-
-
-def attention_blocks(model, params) -> dict:
-    """The four blocks of every layer-1 head: ``{"token_token", "token_position", "position_token",
-    "position_position"}``, each ``(m_1, ·, ·)`` (rows: the query's features, columns: the key's)."""
-    if not isinstance(model, CatFormer):
-        raise ArgumentTypeError(f"model must be a popgrad.CatFormer, got {type(model).__name__}")
-    A = model.check_params(params).A[0]
-    S = model.S
-    return {"token_token": A[:, :S, :S], "token_position": A[:, :S, S:], "position_token": A[:, S:, :S],
-            "position_position": A[:, S:, S:]}
 
 
 def attention_to_parent_per_position(graph, P) -> np.ndarray:
