@@ -16,7 +16,8 @@ GRAPHS = {"chain": pg.chain, "icl": pg.icl_pairs, "random": lambda T: pg.random_
 
 def single_parent_task(graph, S, T, alpha=1.0, atoms=8, seed=0):
     """The popgrad default prior: ``atoms`` Dirichlet(alpha) draws closed under the S! relabelings."""
-    return pg.Task(GRAPHS[graph](T) if isinstance(graph, str) else graph, pg.dirichlet_prior(S, alpha, atoms, seed=seed))
+    g = GRAPHS[graph](T) if isinstance(graph, str) else graph
+    return pg.Task(g, pg.dirichlet_prior(S, alpha, atoms, seed=seed))
 
 
 def two_parent_task(S, T, alpha=1.0, atoms=16, seed=0):
@@ -35,7 +36,8 @@ def record_diagnostics(task, traj):
         P = cc.population_attention(task, model, p)
         ap = cc.attention_to_parent_per_position(task.graph, P)[0]
         attn.append(float(np.mean(ap[nr])))
-        attn_pos.append(float(np.mean(cc.attention_to_parent_per_position(task.graph, cc.positional_attention(model, p))[0][nr])))
+        pos = cc.attention_to_parent_per_position(task.graph, cc.positional_attention(model, p))[0]
+        attn_pos.append(float(np.mean(pos[nr])))
         margin.append(float(cc.check_induction_head(task, model, p).details["slots"][0]["margin"]))
     return np.array(attn), np.array(attn_pos), np.array(margin)
 
@@ -55,7 +57,8 @@ def loss_drop_peaks(steps, loss, k=3):
     steps = np.asarray(steps, dtype=float)
     rate = -np.diff(loss) / np.diff(steps)
     mids = 0.5 * (steps[1:] + steps[:-1])
-    peaks = [i for i in range(len(rate)) if (i == 0 or rate[i] >= rate[i - 1]) and (i == len(rate) - 1 or rate[i] > rate[i + 1])]
+    n = len(rate)
+    peaks = [i for i in range(n) if (i == 0 or rate[i] >= rate[i - 1]) and (i == n - 1 or rate[i] > rate[i + 1])]
     peaks.sort(key=lambda i: -rate[i])
     return [(int(mids[i]), float(rate[i])) for i in peaks[:k]]
 

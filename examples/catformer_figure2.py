@@ -102,7 +102,8 @@ def main():
             f"| {graph} | {traj.loss[-1]:.4f} | {bayes:.4f} | {lstar:.4f} | "
             f"{d.get('mean_attention_to_parent', float('nan')):.3f} | "
             f"{d.get('positional_block_mean_attention_to_parent', float('nan')):.3f} | "
-            f"{rec.value:.2f} ({'pass' if rec.passed else 'fail'}) | {ind.value:+.3f} ({'pass' if ind.passed else 'fail'}) | "
+            f"{rec.value:.2f} ({'pass' if rec.passed else 'fail'}) | "
+            f"{ind.value:+.3f} ({'pass' if ind.passed else 'fail'}) | "
             f"{ph['layer1']} | {ph['layer2']} | {', '.join(str(s) for s, _ in ph['peaks'])} |")
     lines += ["", "Official (sampled, S = 10, T = 20, 2^17 steps): the learned first layer matches the graph "
                   "(Figure 2); no loss values are tabulated there.",

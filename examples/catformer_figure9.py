@@ -97,7 +97,8 @@ def main():
                   f"official sampled (S = 3, T = 20, 2^14 steps): {OFFICIAL[0]:.2f} ± {OFFICIAL[1]:.2f}.",
               f"Mean final loss - Bayes over graphs: {gap:.4f}; statuses: "
               f"{sorted({s for _, _, s in losses})}. {n_graphs} graphs in {seconds:.0f} s.",
-              f"Reproduce: python examples/catformer_figure9.py --T {T} --steps {steps} --graphs {n_graphs} --alpha {args.alpha:g}"]
+              f"Reproduce: python examples/catformer_figure9.py --T {T} --steps {steps} --graphs {n_graphs} "
+              f"--alpha {args.alpha:g}"]
     write(out, "figure9_table.md", "\n".join(lines))
 
 

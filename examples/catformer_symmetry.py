@@ -163,7 +163,8 @@ def main():
         d0, d1, opp = first_steps(task, scale, 0)
         lines.append(f"- scale {scale:g}: {d0:.3g} / AdamW " + ", ".join(f"{v:.3g}" for v in d1["adamw"])
                      + " / SGD " + ", ".join(f"{v:.3g}" for v in d1["sgd"]) + f"; opposite-sign fraction {opp:.2f}")
-    lines += ["", f"Reproduce: python examples/catformer_symmetry.py --T {T} --alpha {alpha:g} --steps {steps} --seeds {seeds} "
+    lines += ["", f"Reproduce: python examples/catformer_symmetry.py --T {T} --alpha {alpha:g} --steps {steps} "
+                  f"--seeds {seeds} "
                   f"--scales {','.join(f'{s:g}' for s in scales)} --scale-seeds {scale_seeds}",
               f"{len(runs)} runs in {time.perf_counter() - t0:.0f} s."]
     write(out, "symmetry_table.md", "\n".join(lines))

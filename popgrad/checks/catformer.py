@@ -259,7 +259,7 @@ def soft_split(M) -> bool:
 
 
 def heads_difference(A) -> np.ndarray:
-    """``‖Ã_0 − Ã_1‖_F`` of the first two heads of a layer, for a stack of records ``(n, m, d, d)``; shape ``(n,)``."""
+    """``‖Ã_0 − Ã_1‖_F`` of a layer's first two heads for a stack of records ``(n, m, d, d)``; shape ``(n,)``."""
     A = np.asarray(A, dtype=np.float64)
     if A.ndim != 4 or A.shape[1] < 2:
         raise ValueError(f"A must be a record stack (n, m >= 2, d, d), got shape {A.shape}")

@@ -233,7 +233,8 @@ def validate_checkpoint(z, path, task, cfg) -> _State:
         value = meta[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise bad(f"metadata {key!r} = {value!r} has the wrong type")
-    if meta["atoms_fingerprint"] != _fingerprint(task) or meta["config"] != json.loads(json.dumps(asdict(scheme.config))):
+    same_config = meta["config"] == json.loads(json.dumps(asdict(scheme.config)))
+    if meta["atoms_fingerprint"] != _fingerprint(task) or not same_config:
         raise ValueError(
             f"checkpoint {path} belongs to a different task or configuration: "
             "resume with exactly the settings of the original run, or start afresh without --resume"

@@ -84,7 +84,7 @@ def test_sgd_cosine_equals_optax(chain_task):
 
 # ------------------------------------------------------------------ the recipe by hand (no optax)
 def test_sgd_steps_are_the_official_loop(chain_task):
-    """θ_{t+1} = θ_t − lr_t (∇L(θ_t) + wd·θ_t), lr_t = lr·½(1 + cos(πt/steps)), recomputed from the records."""
+    """θ_{t+1} = θ_t − lr_t (∇L(θ_t) + wd·θ_t), lr_t = lr·½(1 + cos(πt/steps)), recomputed from records."""
     model = pg.CatFormer(2, 5)
     steps, lr, wd = 6, 0.7, 0.05
     traj = pg.train_catformer(chain_task, model, steps, lr=lr, weight_decay=wd, init=("normal", 0.1, 1),
