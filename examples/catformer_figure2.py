@@ -93,7 +93,7 @@ def main():
     lines = [f"S = {S}, T = {T}, alpha = {args.alpha:g} (8 draws x 3! relabelings), heads (1, 1), zero start, "
              f"SGD lr 1 cosine over {steps} steps, exact gradients.", "",
              "| graph | final loss | Bayes | L* | mean attn to parent (population) | same, positional block "
-             "(official metric) | argmax = parent | induction margin / max|Ã2| | layer-1 half step | "
+             "(official metric) | argmax = parent | induction margin / max abs(Ã2) | layer-1 half step | "
              "layer-2 half step | fastest loss drop at |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for graph, traj, bayes, lstar, rec, ind, ph, *_ in rows:

@@ -80,7 +80,7 @@ def main():
     lines = [f"two-parent graph, S = {S}, T = {T}, alpha = {args.alpha:g}, heads (2, 1), Ã ~ 1e-4·N(0,1), W = 0, "
              f"AdamW lr 1e-2 cosine over {steps} steps, wd 1e-4; Bayes {bayes:.4f}, L* {lstar:.4f}.", "",
              "| seed | final loss | loss - Bayes | M[h, slot] (slot 0: (i-1)//2, slot 1: i-1) | strict split | "
-             "soft split | induction margin / max|Ã2| | status |", "|---|---|---|---|---|---|---|---|"]
+             "soft split | induction margin / max abs(Ã2) | status |", "|---|---|---|---|---|---|---|---|"]
     for seed, traj, M, strict, ind, _ in rows:
         lines.append(f"| {seed} | {traj.loss[-1]:.4f} | {traj.loss[-1] - bayes:+.4f} | "
                      f"{np.array2string(M, precision=2, separator=',').replace(chr(10), '')} | "
