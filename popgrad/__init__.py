@@ -88,6 +88,7 @@ from .model.catformer import CatFormer, CatFormerParams, StandardTransformer, ca
 from .engine.catformer import CatFormerLossAndGrad, catformer_loss, catformer_loss_and_grad
 from .engine.catformer_attention import CatFormerAttention, catformer_attention
 from .train import MultiHeadTrainConfig, TrainConfig, Trajectory, train_multi_head, train_two_stage
+from .train import CatFormerTrajectory, train_catformer
 from . import checks
 from . import _compat
 
@@ -187,4 +188,6 @@ __all__ = [
     "catformer_from_reduced",
     "CatFormerAttention",
     "catformer_attention",
+    "train_catformer",
+    "CatFormerTrajectory",
 ]

@@ -12,6 +12,7 @@
 * :mod:`._kernels` -- numba kernels of the OOD check.
 """
 from .hypotheses import GAMMA_MIN, NEEDS, Hypotheses, Hypothesis, measure_hypotheses, within_hypotheses
+from . import catformer
 from .results import (RATE_EXPONENT, STATUSES, CheckResult, SweepFit, all_passed, fit_power_law, inconclusive,
                       not_applicable, rate_status)
 from .stage2 import Stage2Optimum, converge_stage2, converged_loss_sweep
@@ -26,6 +27,7 @@ from .scale import (
     default_roots_T,
     root_drive_ratio,
 )
+from .catformer import check_catformer_graph_recovery, check_catformer_head_specialization, check_induction_head
 from .theorems import (
     alignment_sweep,
     check_gradient_alignment,
@@ -57,4 +59,5 @@ __all__ = [
     "STATUSES", "RATE_EXPONENT", "all_passed", "inconclusive", "rate_status", "ood_verdict",
     "GAMMA_MIN", "NEEDS", "Hypothesis", "Hypotheses", "measure_hypotheses", "within_hypotheses",
     "Stage2Optimum", "converge_stage2", "converged_loss_sweep", "default_roots_T", "root_drive_ratio",
+    "check_catformer_graph_recovery", "check_catformer_head_specialization", "check_induction_head",
 ]
