@@ -1,4 +1,4 @@
-"""Exact population loss and gradients of the disentangled transformer (popgrad.engine.catformer, DESIGN §15)."""
+"""Exact population loss and gradients of the disentangled transformer (popgrad.engine.catformer, DESIGN §18)."""
 import os
 import subprocess
 import sys

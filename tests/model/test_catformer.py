@@ -1,4 +1,4 @@
-"""The disentangled transformer and Knowl 7/8 conversions (popgrad.model.catformer, DESIGN §15)."""
+"""The disentangled transformer and Knowl 7/8 conversions (popgrad.model.catformer, DESIGN §18)."""
 import itertools
 import math
 
@@ -18,7 +18,7 @@ def every_sequence(S, T):
 
 
 def predict_loop(model, params, seq):
-    """DESIGN §15 written out with Python lists and scalar loops, one sequence (independent of the module)."""
+    """DESIGN §18 written out with Python lists and scalar loops, one sequence (independent of the module)."""
     S, T = model.S, model.T
     rows = [[1.0 if a == seq[t] or a == S + t else 0.0 for a in range(S + T)] for t in range(T)]
     for A in params.A:
