@@ -83,7 +83,12 @@ from .theory import (
     idealized_gradient_single,
     pairwise_joint,
 )
+from .model.catformer import CatFormer, CatFormerParams, StandardTransformer, catformer_from_reduced, \
+    to_disentangled, to_standard
+from .engine.catformer import CatFormerLossAndGrad, catformer_loss, catformer_loss_and_grad
+from .engine.catformer_attention import CatFormerAttention, catformer_attention
 from .train import MultiHeadTrainConfig, TrainConfig, Trajectory, train_multi_head, train_two_stage
+from .train import CatFormerTrajectory, train_catformer
 from . import checks
 from . import _compat
 
@@ -172,4 +177,17 @@ __all__ = [
     "train_multi_head",
     "checks",
     "sweep",
+    "CatFormer",
+    "CatFormerParams",
+    "CatFormerLossAndGrad",
+    "catformer_loss_and_grad",
+    "catformer_loss",
+    "StandardTransformer",
+    "to_disentangled",
+    "to_standard",
+    "catformer_from_reduced",
+    "CatFormerAttention",
+    "catformer_attention",
+    "train_catformer",
+    "CatFormerTrajectory",
 ]

@@ -9,8 +9,11 @@
 * :mod:`.sampled` -- checks beyond enumeration from a fixed sample (``kind="sampled"``, with standard errors);
 * :mod:`.sample_complexity` -- finite samples from the exact gradient noise: Stage-1 ``N_min`` (Gaussian
   limit, simulated), the linear-response spread of SGD around the exact run;
+* :mod:`.catformer` -- checks of a trained full model (population attention, graph recovery, head
+  specialization, induction head);
 * :mod:`._kernels` -- numba kernels of the OOD check.
 """
+from . import catformer
 from .hypotheses import GAMMA_MIN, NEEDS, Hypotheses, Hypothesis, measure_hypotheses, within_hypotheses
 from .results import (RATE_EXPONENT, STATUSES, CheckResult, SweepFit, all_passed, fit_power_law, inconclusive,
                       not_applicable, rate_status)
@@ -26,6 +29,7 @@ from .scale import (
     default_roots_T,
     root_drive_ratio,
 )
+from .catformer import check_catformer_graph_recovery, check_catformer_head_specialization, check_induction_head
 from .theorems import (
     alignment_sweep,
     check_gradient_alignment,
@@ -57,4 +61,5 @@ __all__ = [
     "STATUSES", "RATE_EXPONENT", "all_passed", "inconclusive", "rate_status", "ood_verdict",
     "GAMMA_MIN", "NEEDS", "Hypothesis", "Hypotheses", "measure_hypotheses", "within_hypotheses",
     "Stage2Optimum", "converge_stage2", "converged_loss_sweep", "default_roots_T", "root_drive_ratio",
+    "check_catformer_graph_recovery", "check_catformer_head_specialization", "check_induction_head",
 ]

@@ -2,8 +2,13 @@
 
 :func:`run_schedule` records, stops on divergence, applies the update of the
 schedule and writes checkpoints; the trainers (:func:`popgrad.train_two_stage`,
-:func:`popgrad.train_multi_head`) only say what a step evaluates. Every
-computation is deterministic, so a run resumed from a checkpoint is
+:func:`popgrad.train_multi_head`, :func:`popgrad.train_catformer`) only say
+what a step evaluates. What is trained, how a step updates it, and what is
+recorded is a *scheme* (:class:`ReducedScheme` for the reduced model's
+``A1``/``A2`` gradient descent; :class:`popgrad.train.catformer.CatFormerScheme`
+for the full model with the official optimizers): the named float64 arrays a
+checkpoint holds (parameters and optimizer state), the records, the update.
+Every computation is deterministic, so a run resumed from a checkpoint is
 bit-identical to an uninterrupted one; a checkpoint is validated field by field
 before it is used (:func:`validate_checkpoint`).
 """
@@ -22,26 +27,103 @@ from tqdm import tqdm
 from .._io import atomic_savez
 from .._validation import as_int
 from .config import MultiHeadTrainConfig
-from .trajectory import _RECORDED, Trajectory, _as_path, _open_npz
+from .trajectory import Trajectory, _as_path, _open_npz
 
-__all__ = ["run_schedule", "StepValues", "start_state", "load_checkpoint", "validate_checkpoint", "CheckpointError",
-           "DIVERGENCE_RTOL"]
+__all__ = ["run_schedule", "StepValues", "ReducedScheme", "start_state", "load_checkpoint", "validate_checkpoint",
+           "CheckpointError", "DIVERGENCE_RTOL"]
 
 #: A loss more than this far above its lowest value (relative) counts towards divergence: after
 #: ``divergence_patience`` such steps in a row the run stops with status ``"diverged"``.
 DIVERGENCE_RTOL = 1e-2
 
 
+# ---------------------------------------------------------------- schemes
+class ReducedScheme:
+    """Plain gradient descent on the reduced model's ``A1``, ``A2`` (Algorithm 1, joint, k heads).
+
+    The loop's original behaviour, unchanged: arrays ``A1``, ``A2``; records
+    :data:`popgrad.train.trajectory._RECORDED`; update ``A1 ← A1 − η1 dA1``
+    for ``t < steps1`` then ``A2 ← A2 − η2 dA2`` (joint: both); the result is a
+    :class:`Trajectory`. ``attention``, ``eta1``, ``eta2`` are only needed to
+    run (not to validate a checkpoint).
+
+    A scheme tells the loop: ``config`` (its ``asdict`` is the checkpoint's
+    configuration), ``total`` (the last step), ``patience``, ``hint`` (the fix
+    named in divergence messages), ``should_record(t)``, ``stage_of(t)``,
+    ``initial_arrays()``, ``array_specs()`` (name -> shape of every float64
+    array a checkpoint holds), ``record_specs(n)`` (record key -> (shape,
+    dtype)), ``record(state, step, t, stage)``, ``update(state, step, t)`` and
+    ``result(state)``.
+    """
+
+    hint = "lower lr1/lr2"
+
+    def __init__(self, task, cfg, attention=None, eta1=None, eta2=None):
+        self.task, self.config = task, cfg
+        self.attention, self.eta1, self.eta2 = attention, eta1, eta2
+        self.total = cfg.steps1 + cfg.steps2
+        self.patience = cfg.divergence_patience
+
+    def should_record(self, t: int) -> bool:
+        return _should_record(self.config, t)
+
+    def stage_of(self, t: int) -> int:
+        return _stage_of(self.config, t)
+
+    def initial_arrays(self) -> dict:
+        T, S = self.task.T, self.task.S
+        return {"A1": np.zeros((T, T)), "A2": self.config.beta0 * np.eye(S)}
+
+    def array_specs(self) -> dict:
+        shape1, shape2, _ = _param_shapes(self.task, self.config)
+        return {"A1": shape1, "A2": shape2}
+
+    def record_specs(self, n: int) -> dict:
+        shape1, shape2, shape_attn = _param_shapes(self.task, self.config)
+        f, i = np.float64, np.int64
+        return {"step": ((n,), i), "stage": ((n,), i), "loss": ((n,), f), "loss_se": ((n,), f),
+                "grad_norm": ((n,), f), "cosine": ((n,), f), "attn_parent": ((n, *shape_attn), f),
+                "A1": ((n, *shape1), f), "A2": ((n, *shape2), f)}
+
+    def record(self, state, step, t: int, stage: int):
+        if stage == 1:
+            gnorm = float(np.linalg.norm(step.dA1))
+        elif stage == 2:
+            gnorm = float(np.linalg.norm(step.dA2))
+        else:
+            gnorm = float(np.sqrt(np.sum(step.dA1**2) + np.sum(step.dA2**2)))
+        return (
+            ("step", t), ("stage", stage), ("loss", step.loss), ("loss_se", step.loss_se), ("grad_norm", gnorm),
+            ("cosine", step.cosine),
+            ("attn_parent", self.attention(state.A1)), ("A1", state.A1.copy()), ("A2", state.A2.copy()),
+        )
+
+    def update(self, state, step, t: int) -> None:
+        _update(state, self.config, step, t, self.eta1, self.eta2)
+
+    def result(self, state):
+        return Trajectory(**state.to_arrays(), status=state.status, message=state.message, config=self.config)
+
+
+def _as_scheme(task, cfg):
+    """``cfg`` itself if it is a scheme, else the :class:`ReducedScheme` of a ``TrainConfig``."""
+    return cfg if hasattr(cfg, "array_specs") else ReducedScheme(task, cfg)
+
+
 # ---------------------------------------------------------------- the loop
 class _State:
-    """Mutable state of a run; everything a checkpoint must hold."""
+    """Mutable state of a run; everything a checkpoint must hold.
+
+    ``arrays`` are the scheme's named float64 arrays (parameters, optimizer
+    state); ``A1`` and ``A2`` name two of them for the reduced trainers.
+    """
 
     def __init__(self, task, cfg):
-        T, S = task.T, task.S
+        scheme = _as_scheme(task, cfg)
         self.t = 0
-        self.A1 = np.zeros((T, T))
-        self.A2 = cfg.beta0 * np.eye(S)
-        self.rec = {k: [] for k in _RECORDED}
+        self.arrays = scheme.initial_arrays()
+        self._empty = {k: np.zeros(shape, dtype=dtype) for k, (shape, dtype) in scheme.record_specs(0).items()}
+        self.rec = {k: [] for k in self._empty}
         self.increases = 0
         self.prev_loss = math.inf
         self.best_loss = math.inf  # lowest loss so far, and steps in a row above it (divergence)
@@ -50,20 +132,27 @@ class _State:
         self.message = ""
         self.done = False  # True once the run has finished (completed or diverged)
 
+    @property
+    def A1(self):
+        return self.arrays["A1"]
+
+    @A1.setter
+    def A1(self, value):
+        self.arrays["A1"] = value
+
+    @property
+    def A2(self):
+        return self.arrays["A2"]
+
+    @A2.setter
+    def A2(self, value):
+        self.arrays["A2"] = value
+
     def to_arrays(self):
-        T = self.A1.shape[0]
-        S = self.A2.shape[0]
-        out = {}
-        shapes = {"attn_parent": (0, T), "A1": (0, T, T), "A2": (0, S, S)}
-        for k, v in self.rec.items():
-            if v:
-                out[k] = np.asarray(v)
-            else:
-                out[k] = np.zeros(shapes.get(k, (0,)), dtype=np.int64 if k in ("step", "stage") else float)
-        return out
+        return {k: np.asarray(v) if v else self._empty[k] for k, v in self.rec.items()}
 
 
-def _checkpoint_payload(state, cfg, task):
+def _checkpoint_payload(state, scheme, task):
     arrays = {f"rec_{k}": v for k, v in state.to_arrays().items()}
     meta = {
         "t": state.t,
@@ -74,12 +163,12 @@ def _checkpoint_payload(state, cfg, task):
         "done": state.done,
         "status": state.status,
         "message": state.message,
-        "config": asdict(cfg),
+        "config": asdict(scheme.config),
         "graph": task.graph.to_string(),
         "S": task.S,
         "atoms_fingerprint": _fingerprint(task),
     }
-    return dict(A1=state.A1, A2=state.A2, meta_json=np.array(json.dumps(meta)), **arrays)
+    return dict(**state.arrays, meta_json=np.array(json.dumps(meta)), **arrays)
 
 
 def _fingerprint(task) -> str:
@@ -114,12 +203,15 @@ def _param_shapes(task, cfg):
 def validate_checkpoint(z, path, task, cfg) -> _State:
     """The :class:`_State` a checkpoint archive ``z`` holds, after checking every field.
 
-    Checks: the metadata (JSON, every key and its type), the task fingerprint
-    and configuration, the step counter (``0 <= t <= steps1 + steps2``), the
-    parameters (shape, float64, finite), and the records (the steps the
-    schedule records up to ``t``, stages, dtypes, shapes). Raises
-    :class:`CheckpointError` naming the file and what is wrong.
+    ``cfg`` is a ``TrainConfig`` (the reduced model) or a scheme. Checks: the
+    metadata (JSON, every key and its type), the task fingerprint and
+    configuration, the step counter (``0 <= t <= total``), the scheme's arrays
+    (shape, float64, finite), and the records (the steps the schedule records
+    up to ``t``, stages, dtypes, shapes). Raises :class:`CheckpointError`
+    naming the file and what is wrong.
     """
+    scheme = _as_scheme(task, cfg)
+
     def bad(what):
         return CheckpointError(f"checkpoint {path} is damaged or not a popgrad checkpoint: {what}; "
                                "delete it or run without --resume")
@@ -141,12 +233,13 @@ def validate_checkpoint(z, path, task, cfg) -> _State:
         value = meta[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise bad(f"metadata {key!r} = {value!r} has the wrong type")
-    if meta["atoms_fingerprint"] != _fingerprint(task) or meta["config"] != json.loads(json.dumps(asdict(cfg))):
+    same_config = meta["config"] == json.loads(json.dumps(asdict(scheme.config)))
+    if meta["atoms_fingerprint"] != _fingerprint(task) or not same_config:
         raise ValueError(
             f"checkpoint {path} belongs to a different task or configuration: "
             "resume with exactly the settings of the original run, or start afresh without --resume"
         )
-    total = cfg.steps1 + cfg.steps2
+    total = scheme.total
     t = meta["t"]
     if not 0 <= t <= total:
         raise bad(f"step counter t = {t} is outside the schedule 0..{total}")
@@ -154,9 +247,8 @@ def validate_checkpoint(z, path, task, cfg) -> _State:
         raise bad(f"status {meta['status']!r} is not 'completed' or 'diverged'")
     if meta["status"] == "diverged" and not meta["done"]:
         raise bad("a diverged run that is not marked done")
-    if not 0 <= meta["increases"] <= cfg.divergence_patience or not 0 <= meta["above_best"] <= cfg.divergence_patience:
+    if not 0 <= meta["increases"] <= scheme.patience or not 0 <= meta["above_best"] <= scheme.patience:
         raise bad("divergence counters out of range")
-    shape1, shape2, shape_attn = _param_shapes(task, cfg)
 
     def array(key, shape, dtype):
         try:
@@ -171,12 +263,11 @@ def validate_checkpoint(z, path, task, cfg) -> _State:
             raise bad(f"array {key!r} has shape {a.shape}, expected {shape}")
         return np.array(a)
 
-    A1 = array("A1", shape1, np.float64)
-    A2 = array("A2", shape2, np.float64)
-    if not (np.all(np.isfinite(A1)) and np.all(np.isfinite(A2))) and meta["status"] != "diverged":
+    params = {key: array(key, shape, np.float64) for key, shape in scheme.array_specs().items()}
+    if not all(np.all(np.isfinite(a)) for a in params.values()) and meta["status"] != "diverged":
         raise bad("non-finite parameters in a run that did not diverge")
-    want = [s for s in range(t) if _should_record(cfg, s)]
-    if meta["done"] and _should_record(cfg, t):
+    want = [s for s in range(t) if scheme.should_record(s)]
+    if meta["done"] and scheme.should_record(t):
         # a completed run recorded its last step; a diverged one may have stopped before recording step t
         try:
             got = z["rec_step"]
@@ -186,16 +277,13 @@ def validate_checkpoint(z, path, task, cfg) -> _State:
             want.append(t)
     want_steps = np.array(want, dtype=np.int64)
     n = len(want_steps)
-    rec_shapes = {"step": (n,), "stage": (n,), "loss": (n,), "loss_se": (n,), "grad_norm": (n,), "cosine": (n,),
-                  "attn_parent": (n, *shape_attn), "A1": (n, *shape1), "A2": (n, *shape2)}
-    rec = {}
-    for k in _RECORDED:
-        rec[k] = array(f"rec_{k}", rec_shapes[k], np.int64 if k in ("step", "stage") else np.float64)
+    rec = {k: array(f"rec_{k}", shape, dtype) for k, (shape, dtype) in scheme.record_specs(n).items()}
     if not np.array_equal(rec["step"], want_steps):
         raise bad(f"the recorded steps do not match the step counter t = {t}")
-    if not np.array_equal(rec["stage"], np.array([_stage_of(cfg, int(s)) for s in want_steps], dtype=np.int64)):
+    if "stage" in rec and not np.array_equal(
+            rec["stage"], np.array([scheme.stage_of(int(s)) for s in want_steps], dtype=np.int64)):
         raise bad("the recorded stages do not match the schedule")
-    state = _State(task, cfg)
+    state = _State(task, scheme)
     state.t = t
     state.increases = meta["increases"]
     state.prev_loss = float(meta["prev_loss"])
@@ -204,15 +292,16 @@ def validate_checkpoint(z, path, task, cfg) -> _State:
     state.done = meta["done"]
     state.status = meta["status"]
     state.message = meta["message"]
-    state.A1, state.A2 = A1, A2
-    for k in _RECORDED:
+    state.arrays = params
+    for k in state.rec:
         state.rec[k] = list(rec[k])
     return state
 
 
 def load_checkpoint(path, task, cfg) -> _State:
     """Restore the state saved by a checkpoint, checking it belongs to this run and every field
-    (:func:`validate_checkpoint`); :class:`CheckpointError` (a ``ValueError``) otherwise."""
+    (:func:`validate_checkpoint`; ``cfg`` a ``TrainConfig`` or a scheme); :class:`CheckpointError`
+    (a ``ValueError``) otherwise."""
     path = _as_path(path, "checkpoint_path")
 
     def bad(what):
@@ -229,7 +318,8 @@ def load_checkpoint(path, task, cfg) -> _State:
 
 
 def start_state(task, cfg, checkpoint_path, checkpoint_every, resume) -> "_State":
-    """Validate the checkpoint arguments; a fresh :class:`_State`, or the one saved at ``checkpoint_path``."""
+    """Validate the checkpoint arguments; a fresh :class:`_State`, or the one saved at ``checkpoint_path``
+    (``cfg`` a ``TrainConfig`` or a scheme)."""
     as_int(checkpoint_every, "checkpoint_every", minimum=0)
     if not isinstance(resume, (bool, np.bool_)):
         raise TypeError(f"resume must be True or False, got {resume!r}")
@@ -264,6 +354,8 @@ class StepValues(NamedTuple):
         Whether ``loss`` was computed, exactly or as a sampled estimate (a NaN then means divergence).
     loss_se : float
         Standard error of a sampled ``loss`` (NaN when exact or not computed).
+    grads : tuple of ndarray, optional
+        A scheme's gradients in its own layout (the full model: ``dÃ^(1), …, dÃ^(L), dW``).
     """
 
     loss: float
@@ -272,57 +364,55 @@ class StepValues(NamedTuple):
     cosine: float
     loss_is_exact: bool
     loss_se: float = float("nan")
+    grads: object = None
 
 
-def run_schedule(task, cfg, state, evaluate, attention, *, eta1, eta2, checkpoint_path, checkpoint_every, progress):
-    """The gradient-descent loop shared by :func:`train_two_stage` and ``train_multi_head``.
+def run_schedule(task, cfg, state, evaluate, attention=None, *, eta1=None, eta2=None, checkpoint_path,
+                 checkpoint_every, progress, scheme=None):
+    """The gradient-descent loop shared by every trainer.
 
     ``evaluate(t, stage, record) -> StepValues`` computes what step ``t``
-    needs at ``state.A1, state.A2``; ``attention(A1)`` gives the recorded
-    attention-to-parent array. The loop records, stops on divergence
-    (non-finite values, ``cfg.divergence_patience`` consecutive loss
-    increases or steps above the lowest loss, or a final loss more than
-    :data:`DIVERGENCE_RTOL` above the lowest), applies the update of the schedule (two-stage: ``A1`` for
-    ``t < steps1``, then ``A2``; joint: both), writes checkpoints and
-    returns the :class:`Trajectory`.
+    needs at the state's current arrays. The loop records (the scheme's
+    ``record``), stops on divergence (non-finite values,
+    ``cfg.divergence_patience`` consecutive loss increases or steps above the
+    lowest loss, or a final loss more than :data:`DIVERGENCE_RTOL` above the
+    lowest), applies the scheme's update, writes checkpoints and returns the
+    scheme's result.
+
+    Without ``scheme``: the reduced model (:class:`ReducedScheme` of ``cfg``
+    with ``attention(A1)`` the recorded attention-to-parent array and the
+    step sizes ``eta1``, ``eta2``; two-stage: ``A1`` for ``t < steps1``,
+    then ``A2``; joint: both); the result is a :class:`Trajectory`.
     """
-    total = cfg.steps1 + cfg.steps2
+    if scheme is None:
+        scheme = ReducedScheme(task, cfg, attention, eta1, eta2)
+    total = scheme.total
     bar = None
     if progress and sys.stderr.isatty():
         bar = tqdm(total=total, initial=state.t, desc="popgrad", unit="step", file=sys.stderr)
 
     while not state.done:
         t = state.t
-        stage = _stage_of(cfg, t)
-        record = _should_record(cfg, t)
+        stage = scheme.stage_of(t)
+        record = scheme.should_record(t)
         if not _finite_params(state):  # an update overflowed: stop before evaluating at inf/NaN
-            _diverge(state, f"non-finite parameters after the update of step {t - 1} (overflow): lower lr1/lr2")
+            _diverge(state, f"non-finite parameters after the update of step {t - 1} (overflow): {scheme.hint}")
             break
         with np.errstate(over="ignore", invalid="ignore"):
             step = evaluate(t, stage, record)
         loss = step.loss
         if record:
-            if stage == 1:
-                gnorm = float(np.linalg.norm(step.dA1))
-            elif stage == 2:
-                gnorm = float(np.linalg.norm(step.dA2))
-            else:
-                gnorm = float(np.sqrt(np.sum(step.dA1**2) + np.sum(step.dA2**2)))
-            for key, value in (
-                ("step", t), ("stage", stage), ("loss", loss), ("loss_se", step.loss_se), ("grad_norm", gnorm),
-                ("cosine", step.cosine),
-                ("attn_parent", attention(state.A1)), ("A1", state.A1.copy()), ("A2", state.A2.copy()),
-            ):
+            for key, value in scheme.record(state, step, t, stage):
                 state.rec[key].append(value)
         # --- divergence
         if step.loss_is_exact and math.isnan(loss):
-            _diverge(state, f"non-finite loss at step {t}: lower lr1/lr2")
+            _diverge(state, f"non-finite loss at step {t}: {scheme.hint}")
             break
         if not math.isnan(loss):
             if math.isinf(loss):
                 _diverge(state, f"infinite loss at step {t} (eps = 0 and a token got zero mass?)")
                 break
-            why = _track_loss(state, cfg, loss, t)
+            why = _track_loss(state, scheme, loss, t)
             if why:
                 _diverge(state, why)
                 break
@@ -333,23 +423,23 @@ def run_schedule(task, cfg, state, evaluate, attention, *, eta1, eta2, checkpoin
             break
         # --- update (step t -> t+1); an overflow is caught at the top of the next step
         with np.errstate(over="ignore", invalid="ignore"):
-            _update(state, cfg, step, t, eta1, eta2)
+            scheme.update(state, step, t)
         state.t = t + 1
         if bar is not None:
             bar.update(1)
         if checkpoint_path is not None and checkpoint_every and state.t % checkpoint_every == 0:
-            atomic_savez(checkpoint_path, **_checkpoint_payload(state, cfg, task))
+            atomic_savez(checkpoint_path, **_checkpoint_payload(state, scheme, task))
 
     state.done = True
     if bar is not None:
         bar.close()
     if checkpoint_path is not None:
-        atomic_savez(checkpoint_path, **_checkpoint_payload(state, cfg, task))
-    return Trajectory(**state.to_arrays(), status=state.status, message=state.message, config=cfg)
+        atomic_savez(checkpoint_path, **_checkpoint_payload(state, scheme, task))
+    return scheme.result(state)
 
 
 def _finite_params(state) -> bool:
-    return bool(np.all(np.isfinite(state.A1)) and np.all(np.isfinite(state.A2)))
+    return bool(all(np.all(np.isfinite(a)) for a in state.arrays.values()))
 
 
 def _diverge(state, message: str) -> None:
@@ -357,10 +447,10 @@ def _diverge(state, message: str) -> None:
     state.message = message
 
 
-def _track_loss(state, cfg, loss: float, t: int) -> str:
+def _track_loss(state, scheme, loss: float, t: int) -> str:
     """Update the divergence counters with the loss of step ``t``; the reason to stop, or ``""``.
 
-    Two signs of divergence, each sustained for ``cfg.divergence_patience`` steps: the loss rising
+    Two signs of divergence, each sustained for ``scheme.patience`` steps: the loss rising
     at every step, or the loss staying more than :data:`DIVERGENCE_RTOL` above its lowest value
     (a step that overshoots and lands on a plateau, e.g. a saturated softmax).
     """
@@ -369,11 +459,11 @@ def _track_loss(state, cfg, loss: float, t: int) -> str:
     if loss < state.best_loss:
         state.best_loss = loss
     state.above_best = state.above_best + 1 if loss > state.best_loss + DIVERGENCE_RTOL * abs(state.best_loss) else 0
-    if state.increases >= cfg.divergence_patience:
-        return f"loss increased for {state.increases} consecutive steps (step {t}, loss {loss:.6g}): lower lr1/lr2"
-    if state.above_best >= cfg.divergence_patience:
+    if state.increases >= scheme.patience:
+        return f"loss increased for {state.increases} consecutive steps (step {t}, loss {loss:.6g}): {scheme.hint}"
+    if state.above_best >= scheme.patience:
         return (f"loss stayed more than {DIVERGENCE_RTOL:.0%} above its lowest value {state.best_loss:.6g} for "
-                f"{state.above_best} steps (step {t}, loss {loss:.6g}): lower lr1/lr2")
+                f"{state.above_best} steps (step {t}, loss {loss:.6g}): {scheme.hint}")
     return ""
 
 

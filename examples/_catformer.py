@@ -1,0 +1,105 @@
+"""Shared pieces of the full-model examples (catformer_*.py): tasks, per-record diagnostics, phases, figures."""
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+import popgrad as pg
+from popgrad.app.plots import save_figure
+from popgrad.checks import catformer as cc
+
+GRAPHS = {"chain": pg.chain, "icl": pg.icl_pairs, "random": lambda T: pg.random_tree(T, seed=0, root_prob=0.2)}
+
+
+def single_parent_task(graph, S, T, alpha=1.0, atoms=8, seed=0):
+    """The popgrad default prior: ``atoms`` Dirichlet(alpha) draws closed under the S! relabelings."""
+    g = GRAPHS[graph](T) if isinstance(graph, str) else graph
+    return pg.Task(g, pg.dirichlet_prior(S, alpha, atoms, seed=seed))
+
+
+def two_parent_task(S, T, alpha=1.0, atoms=16, seed=0):
+    """The CLI's two-parent task: Dirichlet(alpha) tensors closed under parent and token relabelings."""
+    return pg.MultiParentTask(pg.two_parent(T), pg.dirichlet_tensor_prior(S, 2, alpha, atoms, seed=seed,
+                                                                         symmetrize="full"))
+
+
+def record_diagnostics(task, traj):
+    """Per record: mean attention to parent (population, head 0) and the induction margin of layer 2."""
+    model = traj.model
+    nr = [int(i) for i in task.graph.non_roots if i < task.T - 1]
+    attn, attn_pos, margin = [], [], []
+    for r in range(len(traj.step)):
+        p = traj.params(r)
+        P = cc.population_attention(task, model, p)
+        ap = cc.attention_to_parent_per_position(task.graph, P)[0]
+        attn.append(float(np.mean(ap[nr])))
+        pos = cc.attention_to_parent_per_position(task.graph, cc.positional_attention(model, p))[0]
+        attn_pos.append(float(np.mean(pos[nr])))
+        margin.append(float(cc.check_induction_head(task, model, p).details["slots"][0]["margin"]))
+    return np.array(attn), np.array(attn_pos), np.array(margin)
+
+
+def half_step(steps, values):
+    """The first recorded step at which ``values`` has made half of its total change (``None`` if it did not move)."""
+    v = np.asarray(values, dtype=float)
+    total = v[-1] - v[0]
+    if not np.isfinite(total) or abs(total) < 1e-12:
+        return None
+    frac = (v - v[0]) / total
+    return int(steps[int(np.flatnonzero(frac >= 0.5)[0])])
+
+
+def loss_drop_peaks(steps, loss, k=3):
+    """Steps (interval midpoints) where the loss falls fastest per step: local maxima of ``-ΔL/Δt``, largest first."""
+    steps = np.asarray(steps, dtype=float)
+    rate = -np.diff(loss) / np.diff(steps)
+    mids = 0.5 * (steps[1:] + steps[:-1])
+    n = len(rate)
+    peaks = [i for i in range(n) if (i == 0 or rate[i] >= rate[i - 1]) and (i == n - 1 or rate[i] > rate[i + 1])]
+    peaks.sort(key=lambda i: -rate[i])
+    return [(int(mids[i]), float(rate[i])) for i in peaks[:k]]
+
+
+def plot_population_attention(task, model, params, path, title):
+    """Each layer-1 head's exact population-average attention beside the true adjacency (Figures 2 and 7)."""
+    P = cc.population_attention(task, model, params)
+    T = task.T
+    adj = np.zeros((T, T))
+    par = np.asarray(task.graph.parents)
+    for i in range(T):
+        for p in np.atleast_1d(par[i]):
+            if p >= 0:
+                adj[i, p] = 1.0
+    m = P.shape[0]
+    fig, axs = plt.subplots(1, m + 1, figsize=(3.2 * (m + 1), 3.2))
+    axs[0].imshow(adj, cmap="Blues", vmin=0, vmax=1)
+    axs[0].set_title("true graph")
+    for h in range(m):
+        axs[h + 1].imshow(P[h], cmap="viridis", vmin=0, vmax=1)
+        axs[h + 1].set_title(f"head {h}: E_s[attention]")
+    for ax in axs:
+        ax.set_xlabel("key j")
+        ax.set_ylabel("query i")
+    fig.suptitle(title, fontsize=9)
+    save_figure(fig, path)
+
+
+def plot_loss_curve(traj, refs, path, title):
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(traj.step, traj.loss, label="full model (exact population loss)")
+    for name, (value, style) in refs.items():
+        ax.axhline(value, ls=style, color="k", lw=0.8, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def write(out, name, text):
+    with open(os.path.join(out, name), "w") as fh:
+        fh.write(text + "\n")
+    print(text)

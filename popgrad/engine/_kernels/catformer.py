@@ -1,0 +1,541 @@
+"""Numba kernels of the disentangled-transformer engine (DESIGN §14): a trie walk, forward and reverse.
+
+Layout (built by :mod:`popgrad.engine.catformer`):
+
+* ``H[t, :]`` -- row ``t`` of the last layer's input and below, width ``d_{L-1}``
+  (every layer concatenates, so row ``t`` of layer ``ℓ`` is ``H[t, :d_ℓ]``).
+  Its first ``d_0`` coordinates are the input ``x̃_t = [e_{s_t}, e_t]``: two
+  ones, at ``s_t`` and ``S + t``. Every product with a row is written
+  *sparse*: the two gathers plus the dense coordinates ``d_0 …``; for layer 1
+  (``d_in = d_0``) that is the four gathers of DESIGN §14,
+  ``z_tj = Ã[s_t,s_j] + Ã[s_t,S+j] + Ã[S+t,s_j] + Ã[S+t,S+j]``.
+* heads in global order ``g`` (layer by layer, heads in order); ``hinfo[g] =
+  (layer, d_in, out, aoff)``: the 1-based layer, its input width, the offset
+  of its output in ``H`` (``d_in (1 + k)``) and of its matrix in ``Af``
+  (row-major ``d_in × d_in``). ``U[t, g, :]`` holds ``u = H[t] Ã_g`` (the
+  query side of the scores, kept for the backward pass), ``Pr[t, g, :t+1]`` the
+  attention row.
+* the readout ``W (d_L, S)``: ``z = H[T-1] W[:d_{L-1}] + Σ_k Σ_j P^k_j hw[j, k]``
+  with ``hw[j, k] = H[j] W[d_{L-1}(1+k) : d_{L-1}(2+k)]`` (``S`` numbers per
+  row and last-layer head, computed once per prefix node).
+
+Walk: block ``b`` fixes positions ``0 … D-1`` to the base-``S`` digits of
+``b``; below them a depth-first odometer. Entering node ``(t, s_t)``
+multiplies the per-atom weight products ``pk[t] = pk[t-1] · ftab[:, row_t, s_t]``
+(a subtree whose products are all zero contributes nothing and is skipped) and
+computes row ``t`` of layers ``1 … L-1`` and ``hw[t]``; a leaf (``t = T-1``)
+also computes the last layer's row ``T-1``, the readout and the loss. Reverse
+mode over the same tree: adjoints ``G[j]`` (of ``H[j]``) and ``Ghw[j]`` of the
+rows ``j`` on the current path accumulate over the subtree; a node
+back-propagates its own row once, after all its children
+(:func:`_node_backward`), into the parameters and the rows above it. A
+block ends with the backward pass of its fixed rows ``D-1 … 0``, so each
+block's slot is its exact partial gradient.
+
+``cache=True``, no ``fastmath``; :func:`run_blocks` (parallel) and
+:func:`run_blocks_serial` run the same blocks into one slot each.
+"""
+import numpy as np
+from numba import njit, prange
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _offsets(z):
+    """Offsets of the workspace ``F`` (see :func:`_block`) from the size tuple ``z``."""
+    T, S, d0, dw, nh, dmax, nl = z[0], z[1], z[2], z[3], z[4], z[5], z[6]
+    oH = 0
+    oHt = oH + T * dw
+    oG = oHt + dw * T
+    oPr = oG + T * dw
+    oU = oPr + T * nh * T
+    ohw = oU + T * nh * dmax
+    oGhw = ohw + T * nl * S
+    odP = oGhw + T * nl * S
+    odzs = odP + T
+    odu = odzs + T
+    oo = odu + dmax
+    oz = oo + dmax
+    odz = oz + S
+    owv = odz + S
+    return oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, owv + S
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _row_forward(t, g, z, s, hinfo, prm, F, write_out):
+    """Row ``t`` of head ``g``: ``u = H[t] Ã``, scores ``z_j = u · H[j]`` (``j ≤ t``), softmax, output.
+
+    The output ``Σ_j P_j H[j, :d_in]`` goes to ``H[t, out : out + d_in]`` and ``Ht`` when ``write_out``.
+    """
+    T, S, d0, dw, nh, dmax = z[0], z[1], z[2], z[3], z[4], z[5]
+    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    din = hinfo[g, 1]
+    out = hinfo[g, 2]
+    ao = hinfo[g, 3]
+    u0 = oU + (t * nh + g) * dmax
+    h0 = oH + t * dw
+    r1 = ao + s[t] * din
+    r2 = ao + (S + t) * din
+    for b in range(din):
+        F[u0 + b] = prm[r1 + b] + prm[r2 + b]
+    for a in range(d0, din):
+        x = F[h0 + a]
+        if x != 0.0:
+            ra = ao + a * din
+            for b in range(din):
+                F[u0 + b] += x * prm[ra + b]
+    p0 = oPr + (t * nh + g) * T
+    n = t + 1
+    for j in range(n):
+        F[p0 + j] = F[u0 + s[j]] + F[u0 + S + j]
+    for a in range(d0, din):
+        ua = F[u0 + a]
+        q0 = oHt + a * T
+        for j in range(n):
+            F[p0 + j] += ua * F[q0 + j]
+    m = F[p0]
+    for j in range(1, n):
+        if F[p0 + j] > m:
+            m = F[p0 + j]
+    tot = 0.0
+    for j in range(n):
+        e = np.exp(F[p0 + j] - m)
+        F[p0 + j] = e
+        tot += e
+    inv = 1.0 / tot
+    for j in range(n):
+        F[p0 + j] *= inv
+    if write_out:
+        for a in range(din):
+            F[oo + a] = 0.0
+        for j in range(n):
+            p = F[p0 + j]
+            F[oo + s[j]] += p
+            F[oo + S + j] += p
+            hj = oH + j * dw
+            for a in range(d0, din):
+                F[oo + a] += p * F[hj + a]
+        for a in range(din):
+            v = F[oo + a]
+            F[h0 + out + a] = v
+            F[oHt + (out + a) * T + t] = v
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _softmax_backward(t, g, z, F):
+    """``dzs_j = P_j (dP_j - Σ_i P_i dP_i)`` for ``j ≤ t``."""
+    T, nh = z[0], z[4]
+    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    p0 = oPr + (t * nh + g) * T
+    m = 0.0
+    for j in range(t + 1):
+        m += F[p0 + j] * F[odP + j]
+    for j in range(t + 1):
+        F[odzs + j] = F[p0 + j] * (F[odP + j] - m)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _scores_backward(t, g, z, s, hinfo, prm, F, gr):
+    """Adjoint of the scores ``z_j = H[t] Ã H[j]ᵀ`` of row ``t``, head ``g``, given ``dzs[j] = ∂L/∂z_j``.
+
+    ``du = Σ_j dz_j H[j]``; ``dÃ += H[t]ᵀ du``; ``G[t] += Ã du``; ``G[j] += dz_j u`` (coordinates ``≥ d_0``
+    only: the input ``x̃`` needs no adjoint).
+    """
+    T, S, d0, dw, nh, dmax = z[0], z[1], z[2], z[3], z[4], z[5]
+    nA = z[8]
+    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    din = hinfo[g, 1]
+    ao = hinfo[g, 3]
+    u0 = oU + (t * nh + g) * dmax
+    for b in range(din):
+        F[odu + b] = 0.0
+    for j in range(t + 1):
+        c = F[odzs + j]
+        F[odu + s[j]] += c
+        F[odu + S + j] += c
+        if c != 0.0:
+            hj = oH + j * dw
+            gj = oG + j * dw
+            for a in range(d0, din):
+                F[odu + a] += c * F[hj + a]
+                F[gj + a] += c * F[u0 + a]
+    r1 = ao + s[t] * din
+    r2 = ao + (S + t) * din
+    for b in range(din):
+        gr[r1 + b] += F[odu + b]
+    for b in range(din):
+        gr[r2 + b] += F[odu + b]
+    h0 = oH + t * dw
+    for a in range(d0, din):
+        x = F[h0 + a]
+        if x != 0.0:
+            ra = ao + a * din
+            for b in range(din):
+                gr[ra + b] += x * F[odu + b]
+    g0 = oG + t * dw
+    for b in range(din):
+        c = F[odu + b]
+        if c != 0.0:
+            rb = nA + ao + b * din
+            for a in range(d0, din):
+                F[g0 + a] += c * prm[rb + a]
+
+
+@njit(cache=True, error_model="numpy")
+def _node_forward(t, z, s, hinfo, prm, F):
+    """Row ``t`` of layers ``1 … L-1`` (heads ``0 … n_inner-1``) and ``hw[t, k] = H[t] W_k`` of the last heads."""
+    T, S, d0, dw, nh, dmax, nl = z[0], z[1], z[2], z[3], z[4], z[5], z[6]
+    nA, dl1, n_inner, last0, n_last = z[8], z[9], z[10], z[11], z[12]
+    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    for g in range(n_inner):
+        _row_forward(t, g, z, s, hinfo, prm, F, True)
+    oW = 2 * nA
+    h0 = oH + t * dw
+    for k in range(n_last):
+        wo = hinfo[last0 + k, 2]
+        k0 = ohw + (t * nl + k) * S
+        for c in range(S):
+            F[k0 + c] = prm[oW + (wo + s[t]) * S + c] + prm[oW + (wo + S + t) * S + c]
+        for a in range(d0, dl1):
+            x = F[h0 + a]
+            if x != 0.0:
+                w0 = oW + (wo + a) * S
+                for c in range(S):
+                    F[k0 + c] += x * prm[w0 + c]
+
+
+@njit(cache=True, error_model="numpy")
+def _node_backward(t, z, s, hinfo, prm, F, gr):
+    """Back-propagate row ``t`` (its ``hw[t]``, then layers ``L-1 … 1``) from the adjoints ``G[t]``, ``Ghw[t]``.
+
+    Adds into ``dA``, ``dW`` and ``G[j]`` for ``j ≤ t``; then zeroes ``G[t]``, ``Ghw[t]`` (for the next sibling).
+    """
+    T, S, d0, dw, nh, dmax, nl = z[0], z[1], z[2], z[3], z[4], z[5], z[6]
+    dL, nA, dl1, n_inner, last0, n_last = z[7], z[8], z[9], z[10], z[11], z[12]
+    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    oW = 2 * nA
+    oWT = oW + dL * S
+    h0 = oH + t * dw
+    g0 = oG + t * dw
+    for k in range(n_last):
+        wo = hinfo[last0 + k, 2]
+        k0 = oGhw + (t * nl + k) * S
+        for c in range(S):
+            gr[nA + (wo + s[t]) * S + c] += F[k0 + c]
+            gr[nA + (wo + S + t) * S + c] += F[k0 + c]
+        for a in range(d0, dl1):
+            x = F[h0 + a]
+            if x != 0.0:
+                w0 = nA + (wo + a) * S
+                for c in range(S):
+                    gr[w0 + c] += x * F[k0 + c]
+        for c in range(S):
+            gc = F[k0 + c]
+            if gc != 0.0:
+                w0 = oWT + c * dL + wo
+                for a in range(d0, dl1):
+                    F[g0 + a] += gc * prm[w0 + a]
+    for g in range(n_inner - 1, -1, -1):
+        din = hinfo[g, 1]
+        out = hinfo[g, 2]
+        for j in range(t + 1):
+            F[odP + j] = F[g0 + out + s[j]] + F[g0 + out + S + j]
+        for a in range(d0, din):
+            ga = F[g0 + out + a]
+            if ga != 0.0:
+                q0 = oHt + a * T
+                for j in range(t + 1):
+                    F[odP + j] += ga * F[q0 + j]
+        p0 = oPr + (t * nh + g) * T
+        for j in range(t + 1):
+            p = F[p0 + j]
+            gj = oG + j * dw
+            for a in range(d0, din):
+                F[gj + a] += p * F[g0 + out + a]
+        _softmax_backward(t, g, z, F)
+        _scores_backward(t, g, z, s, hinfo, prm, F, gr)
+    for a in range(dw):
+        F[g0 + a] = 0.0
+    for k in range(n_last):
+        k0 = oGhw + (t * nl + k) * S
+        for c in range(S):
+            F[k0 + c] = 0.0
+
+
+@njit(cache=True, error_model="numpy")
+def _enter_weights(t, s, S, npar, par, roff, ftabT, pk):
+    """``pk[t+1, k] = pk[t, k] · ftab[k, row_t(s), s_t]``; return whether any product is positive.
+
+    ``ftabT[row, token, k]`` is the factor table with the atoms last (contiguous products).
+    """
+    r = 0  # the parents' flat row: Σ_h s[par_h] S^{n-1-h}
+    for h in range(npar[t]):
+        r = r * S + s[par[t, h]]
+    row = roff[t] + r
+    tok = s[t]
+    alive = False
+    for k in range(pk.shape[1]):
+        v = pk[t, k] * ftabT[row, tok, k]
+        pk[t + 1, k] = v
+        if v != 0.0:
+            alive = True
+    return alive
+
+
+@njit(cache=True, error_model="numpy")
+def _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, Wl, coef):
+    """``Wl[q, c] = w(s_0 … s_{T-2} q, c)`` for every last token ``q`` (once per parent of leaves).
+
+    ``Wl[q, c] = Σ_k pk[T-1, k] ftab[k, row_{T-1}, q] ttab[k, r_tp(q), c]`` with the tables atoms-last
+    (``ftabT``, ``ttabT``); the sum over atoms in two interleaved partial sums.
+    """
+    t = T - 1
+    r = 0
+    for h in range(npar[t]):
+        r = r * S + s[par[t, h]]
+    row = roff[t] + r
+    K = pk.shape[1]
+    nS = Wl.shape[1]
+    for q in range(S):
+        rt = 0
+        for h in range(tnpar):
+            tok = q if tpar[h] == t else s[tpar[h]]
+            rt = rt * S + tok
+        for k in range(K):
+            coef[k] = pk[t, k] * ftabT[row, q, k]
+        rr = troff + rt
+        for c in range(nS):
+            a0 = 0.0
+            a1 = 0.0
+            k = 0
+            while k + 1 < K:
+                a0 += coef[k] * ttabT[rr, c, k]
+                a1 += coef[k + 1] * ttabT[rr, c, k + 1]
+                k += 2
+            if k < K:
+                a0 += coef[k] * ttabT[rr, c, k]
+            Wl[q, c] = a0 + a1
+
+
+@njit(cache=True, error_model="numpy")
+def _leaf(z, s, hinfo, prm, F, gr, eps, softmax_readout, want_grad):
+    """Last position: the last layer's row ``T-1``, readout, loss ``-Σ_c w_c log(f_c + ε)``, its backward.
+
+    The leaf's weights ``w(s, ·)`` are in ``F[owv:]``. Returns the leaf's loss; the caller back-propagates
+    the row ``T-1`` itself (:func:`_node_backward`).
+    """
+    T, S, d0, dw, nh, dmax, nl = z[0], z[1], z[2], z[3], z[4], z[5], z[6]
+    dL, nA, dl1, n_inner, last0, n_last = z[7], z[8], z[9], z[10], z[11], z[12]
+    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    oW = 2 * nA
+    oWT = oW + dL * S
+    t = T - 1
+    h0 = oH + t * dw
+    g0 = oG + t * dw
+    tot_w = 0.0
+    for c in range(S):
+        tot_w += F[owv + c]
+    for k in range(n_last):
+        _row_forward(t, last0 + k, z, s, hinfo, prm, F, False)
+    for c in range(S):
+        F[oz + c] = prm[oW + s[t] * S + c] + prm[oW + (S + t) * S + c]
+    for a in range(d0, dl1):
+        x = F[h0 + a]
+        if x != 0.0:
+            for c in range(S):
+                F[oz + c] += x * prm[oW + a * S + c]
+    for k in range(n_last):
+        p0 = oPr + (t * nh + last0 + k) * T
+        for j in range(T):
+            p = F[p0 + j]
+            k0 = ohw + (j * nl + k) * S
+            for c in range(S):
+                F[oz + c] += p * F[k0 + c]
+    loss = 0.0
+    if softmax_readout:
+        m = F[oz]
+        for c in range(1, S):
+            if F[oz + c] > m:
+                m = F[oz + c]
+        tot = 0.0
+        for c in range(S):
+            tot += np.exp(F[oz + c] - m)
+        lse = m + np.log(tot)
+        if eps == 0.0:  # cross entropy as a log-softmax
+            for c in range(S):
+                wc = F[owv + c]
+                if wc > 0.0:
+                    loss -= wc * (F[oz + c] - lse)
+                F[odz + c] = np.exp(F[oz + c] - lse) * tot_w - wc
+        else:
+            rbar = 0.0
+            for c in range(S):
+                f = np.exp(F[oz + c] - lse)
+                wc = F[owv + c]
+                if wc > 0.0:
+                    loss -= wc * np.log(f + eps)
+                    F[odz + c] = -wc / (f + eps)
+                else:
+                    F[odz + c] = 0.0
+                rbar += f * F[odz + c]
+            for c in range(S):
+                F[odz + c] = np.exp(F[oz + c] - lse) * (F[odz + c] - rbar)
+    else:
+        for c in range(S):
+            wc = F[owv + c]
+            if wc > 0.0:
+                loss -= wc * np.log(F[oz + c] + eps)
+                F[odz + c] = -wc / (F[oz + c] + eps)
+            else:
+                F[odz + c] = 0.0
+    if not want_grad:
+        return loss
+    # readout z = H[t] W[:dl1] + Σ_k Σ_j P^k_j hw[j, k]
+    for c in range(S):
+        gr[nA + s[t] * S + c] += F[odz + c]
+        gr[nA + (S + t) * S + c] += F[odz + c]
+    for a in range(d0, dl1):
+        x = F[h0 + a]
+        if x != 0.0:
+            for c in range(S):
+                gr[nA + a * S + c] += x * F[odz + c]
+    for c in range(S):
+        gc = F[odz + c]
+        w0 = oWT + c * dL
+        for a in range(d0, dl1):
+            F[g0 + a] += gc * prm[w0 + a]
+    for k in range(n_last):
+        g = last0 + k
+        p0 = oPr + (t * nh + g) * T
+        for j in range(T):
+            p = F[p0 + j]
+            k0 = ohw + (j * nl + k) * S
+            q0 = oGhw + (j * nl + k) * S
+            v = 0.0
+            for c in range(S):
+                v += F[odz + c] * F[k0 + c]
+                F[q0 + c] += p * F[odz + c]
+            F[odP + j] = v
+        _softmax_backward(t, g, z, F)
+        _scores_backward(t, g, z, s, hinfo, prm, F, gr)
+    return loss
+
+
+@njit(cache=True, error_model="numpy")
+def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT, eps, softmax_readout,
+           want_grad, gr):
+    """Block ``b``: every sequence whose first ``n_fixed`` tokens are the base-``S`` digits of ``b``; its loss.
+
+    Adds the block's gradient into ``gr = [dA (flat, the layout of Af) | dW (flat)]``. One float workspace
+    ``F`` holds the rows ``H``, their transpose ``Ht``, the adjoints ``G``, the attention rows ``Pr``, the
+    query vectors ``U``, ``hw`` and its adjoint and the leaf scratch (:func:`_offsets`): the helpers take
+    a handful of arrays and index them flat (no views in the loops: every view or array argument costs
+    an atomic reference-count update).
+    """
+    T, S = z[0], z[1]
+    K = pk0.shape[0]
+    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, size = _offsets(z)
+    dw = z[3]
+    F = np.zeros(size)
+    s = np.zeros(T, dtype=np.int64)
+    pk = np.zeros((T + 1, K))
+    Wl = np.zeros((S, S))
+    coef = np.zeros(K)
+    for k in range(K):
+        pk[0, k] = pk0[k]
+    rem = b
+    for t in range(n_fixed - 1, -1, -1):
+        s[t] = rem % S
+        rem //= S
+    for t in range(T):  # x̃_t: the position one-hot is fixed; the token one-hot moves with the walk
+        F[oH + t * dw + S + t] = 1.0
+    loss = 0.0
+    for t in range(n_fixed):
+        F[oH + t * dw + s[t]] = 1.0
+        if t < T - 1:
+            alive = _enter_weights(t, s, S, npar, par, roff, ftabT, pk)
+        else:
+            _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, Wl, coef)
+            alive = False
+            for c in range(S):
+                F[owv + c] = Wl[s[t], c]
+                if Wl[s[t], c] > 0.0:
+                    alive = True
+        if not alive:
+            return 0.0
+        _node_forward(t, z, s, hinfo, prm, F)
+    if n_fixed == T:  # the block is one sequence
+        loss = _leaf(z, s, hinfo, prm, F, gr, eps, softmax_readout, want_grad)
+    else:
+        t = n_fixed
+        s[t] = 0
+        while True:
+            F[oH + t * dw + s[t]] = 1.0
+            if t < T - 1:
+                ok = _enter_weights(t, s, S, npar, par, roff, ftabT, pk)
+            else:
+                if s[t] == 0:
+                    _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, Wl, coef)
+                ok = False
+                q = s[t]
+                for c in range(S):
+                    F[owv + c] = Wl[q, c]
+                    if Wl[q, c] > 0.0:
+                        ok = True
+            if ok:
+                _node_forward(t, z, s, hinfo, prm, F)
+                if t < T - 1:
+                    t += 1
+                    s[t] = 0
+                    continue
+                loss += _leaf(z, s, hinfo, prm, F, gr, eps, softmax_readout, want_grad)
+                if want_grad:
+                    _node_backward(t, z, s, hinfo, prm, F, gr)
+            # next node: the next sibling, or up (a parent is back-propagated after its last child)
+            done = False
+            while True:
+                F[oH + t * dw + s[t]] = 0.0
+                s[t] += 1
+                if s[t] < S:
+                    break
+                s[t] = 0
+                t -= 1
+                if t < n_fixed:
+                    done = True
+                    break
+                if want_grad:
+                    _node_backward(t, z, s, hinfo, prm, F, gr)
+            if done:
+                break
+    if want_grad:
+        for t in range(n_fixed - 1, -1, -1):
+            _node_backward(t, z, s, hinfo, prm, F, gr)
+    return loss
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def run_blocks(lo, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT, eps,
+               softmax_readout, want_grad, loss_out, gr_out):
+    """Blocks ``lo … lo + len(loss_out) - 1`` into slots ``0 …`` (``loss_out[b]``, ``gr_out[b] = [dA | dW]``)."""
+    for b in prange(loss_out.shape[0]):
+        loss_out[b] = _block(lo + b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
+                             eps, softmax_readout, want_grad, gr_out[b])
+
+
+@njit(cache=True, error_model="numpy")
+def run_blocks_serial(lo, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT, eps,
+                      softmax_readout, want_grad, loss_out, gr_out):
+    """:func:`run_blocks` on the calling thread (same blocks, same bits)."""
+    for b in range(loss_out.shape[0]):
+        loss_out[b] = _block(lo + b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
+                             eps, softmax_readout, want_grad, gr_out[b])
+
+
+@njit(cache=True)
+def sum_slots(loss_out, gr_out):
+    """Add the slots in block order into slot 0 (thread-count independent); return the total loss."""
+    loss = loss_out[0]
+    for b in range(1, loss_out.shape[0]):
+        loss += loss_out[b]
+        gr_out[0] += gr_out[b]
+    loss_out[0] = loss
+    return loss

@@ -1,0 +1,301 @@
+"""Exact population loss and gradients of the disentangled transformer (DESIGN §14).
+
+``L(θ) = -Σ_s Σ_c w(s, c) log(f_c(s) + ε)`` over all ``S**T`` sequences with
+the task's exact weights ``w(s, c)`` (DESIGN §2; :class:`popgrad.Task` and
+:class:`popgrad.MultiParentTask` alike), ``f`` the :class:`popgrad.CatFormer`
+output; with the softmax readout and ``ε = 0`` (the default there) the loss is
+the cross entropy, computed as a log-softmax.
+
+Two implementations of the same sum:
+
+* :func:`catformer_loss_and_grad_numpy` -- the NumPy reference
+  (:func:`popgrad.model.catformer.catformer_backward` over chunks of
+  :meth:`task.enumerate`);
+* the numba trie engine (:mod:`popgrad.engine._kernels.catformer`, used by
+  :func:`catformer_loss_and_grad`): a depth-first walk of the prefix tree.
+  Row ``t`` of every layer depends on ``s_0 … s_t`` only, so it is computed
+  once per prefix node; the last layer is computed at the last position only
+  (the leaves); the per-atom weight products are carried down the tree. The
+  backward pass is reverse mode over the same tree: a leaf adds its adjoints
+  of the rows ``j < T-1`` into per-depth buffers, and a node back-propagates
+  its own row once, after all its children (DESIGN §14).
+
+The enumeration is split into ``S**D`` fixed blocks (the sequences sharing
+their first ``D`` tokens, ``D`` a function of ``S``, ``T`` and the options
+only); :func:`run_blocks` runs a contiguous range of blocks into one slot
+each, and the slots are added in block order, so the result does not depend
+on the thread count nor on how a ``client=`` splits the range.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+
+from .._validation import ArgumentTypeError, as_eps, warn_inf
+from ..model.catformer import CatFormer, catformer_backward
+from ..task.tasks import MultiParentTask
+from ._args import check_task, options_or_default
+from ._kernels import catformer as _kc
+
+__all__ = ["CatFormerLossAndGrad", "catformer_loss_and_grad", "catformer_loss", "catformer_loss_and_grad_numpy"]
+
+
+class CatFormerLossAndGrad(NamedTuple):
+    """Exact population loss of a :class:`popgrad.CatFormer` and its gradients (immutable).
+
+    Attributes
+    ----------
+    loss : float
+        ``L = -Σ_s Σ_c w(s, c) log(f_c(s) + ε)``.
+    dA : list of ndarray
+        ``∂L/∂Ã``, the same list structure and shapes as ``params.A``. ``None`` for a loss-only call.
+    dW : ndarray, shape (d_L, S)
+        ``∂L/∂W``. ``None`` for a loss-only call.
+    """
+
+    loss: float
+    dA: list
+    dW: np.ndarray
+
+
+def _validate(task, model, params, eps):
+    check_task(task)
+    if not isinstance(model, CatFormer):
+        raise ArgumentTypeError(f"model must be a popgrad.CatFormer, got {type(model).__name__}")
+    if (model.S, model.T) != (task.S, task.T):
+        raise ValueError(f"model has S = {model.S}, T = {model.T} but the task has S = {task.S}, T = {task.T}: "
+                         f"use CatFormer({task.S}, {task.T}, ...)")
+    params = model.check_params(params)
+    if eps is None:
+        eps = 0.0 if model.readout == "softmax" else as_eps(task, None)
+    else:
+        eps = as_eps(task, eps)
+    return params, eps
+
+
+def catformer_loss_and_grad(task, model, params, eps=None, client=None, options=None) -> CatFormerLossAndGrad:
+    """Exact population loss and every gradient of the disentangled transformer (DESIGN §14).
+
+    Parameters
+    ----------
+    task : Task or MultiParentTask
+        Graph and finite prior; ``S**T`` must pass ``task.check_size()``.
+    model : CatFormer
+        Same ``S`` and ``T`` as the task.
+    params : CatFormerParams
+        ``A[ℓ]`` of shape ``(m_ℓ, d_{ℓ-1}, d_{ℓ-1})``, ``W`` of shape ``(d_L, S)``; finite.
+    eps : float, optional
+        ``ε ≥ 0`` in ``-Σ w log(f + ε)``. Default: ``0`` for the softmax readout (cross entropy),
+        ``task.default_eps`` (``T_eff**-0.5``) for the linear readout.
+    client : dask.distributed.Client, optional
+        Split the enumeration's blocks over the client's workers; bit-identical to ``client=None``.
+    options : EngineOptions, optional
+        ``catformer_block_sequences`` sets the block size; default :data:`popgrad.DEFAULT_OPTIONS`.
+
+    Returns
+    -------
+    CatFormerLossAndGrad
+        ``loss``, ``dA`` (list as ``params.A``), ``dW``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On a wrong argument (the message names it).
+    TaskTooLargeError
+        If ``S**T`` exceeds ``task.max_sequences`` (before any work).
+    """
+    params, eps = _validate(task, model, params, eps)
+    return _dispatch(task, model, params, eps, True, client, options_or_default(options))
+
+
+def catformer_loss(task, model, params, eps=None, client=None, options=None) -> float:
+    """Exact population loss only; same parameters and conventions as :func:`catformer_loss_and_grad`."""
+    params, eps = _validate(task, model, params, eps)
+    return _dispatch(task, model, params, eps, False, client, options_or_default(options)).loss
+
+
+def _dispatch(task, model, params, eps, want_grad, client, opts) -> CatFormerLossAndGrad:
+    task.check_size()
+    job = make_job(task, model, params, eps, want_grad, opts)
+    if client is not None:  # the same blocks over the client's workers (imports no Dask itself)
+        from . import distributed as _distributed
+
+        loss_s, gr_s, _ = _distributed.run_blocks(client, task, job, np.ones(job.n_blocks, dtype=np.int64), run_chunk)
+    else:
+        loss_s, gr_s, _ = run_chunk(task, job, 0, job.n_blocks)
+    return finish_slots(model, job, loss_s, gr_s)
+
+
+# ====================================================================== the trie engine
+class CatFormerJob(NamedTuple):
+    """One evaluation, ready for the kernels: the model's flat arrays and the block structure.
+
+    ``kind = "catformer"`` routes it in :mod:`popgrad.engine.distributed` (a worker runs
+    :func:`run_chunk`). ``sizes = (T, S, d_0, d_w, n_heads, d_max, n_last', d_L, n_A, d_{L-1}, n_inner, last0,
+    n_last)`` (``d_w = max(d_{L-1}, d_0)``, ``n_last' = max(n_last, 1)``, ``n_A`` the length of the flat ``Ã``);
+    ``hinfo[g] = (layer, d_in, out offset, offset in Af)`` for the heads in global order (layer by layer;
+    heads ``last0 …`` are the last layer's); ``prm = [Af | AfT | W | WT]`` flat (``AfT`` every head's
+    ``Ãᵀ``).
+    """
+
+    kind: str
+    n_fixed: int
+    n_blocks: int
+    sizes: tuple
+    hinfo: np.ndarray
+    prm: np.ndarray
+    n_A: int
+    w_shape: tuple
+    eps: float
+    softmax_readout: bool
+    want_grad: bool
+    parallel: bool
+
+
+def block_count(S, T, opts):
+    """``(n_fixed, n_blocks)``: blocks fix the first ``n_fixed`` tokens, ``n_blocks = S**n_fixed``.
+
+    Each block holds at least ``opts.prefix_block_sequences`` sequences (or all of them): ``n_fixed = T - f``
+    with ``f ≤ T`` the smallest count with ``S**f ≥ prefix_block_sequences``; then ``n_fixed`` is lowered
+    until ``S**n_fixed ≤ opts.max_blocks``. A function of ``S``, ``T`` and the options only.
+    """
+    free = 0
+    while free < T and S**free < opts.prefix_block_sequences:
+        free += 1
+    n_fixed = T - free
+    while n_fixed > 0 and S**n_fixed > opts.max_blocks:
+        n_fixed -= 1
+    return n_fixed, S**n_fixed
+
+
+def make_job(task, model, params, eps, want_grad, opts) -> CatFormerJob:
+    """Flatten validated parameters into a :class:`CatFormerJob`."""
+    S, T, dims = model.S, model.T, model.dims
+    L = model.n_layers
+    rows, off = [], 0
+    for l, m in enumerate(model.heads):
+        d = dims[l]
+        for k in range(m):
+            rows.append((l + 1, d, d * (1 + k), off))
+            off += d * d
+    hinfo = np.array(rows, dtype=np.int64)
+    Af = np.concatenate([a.reshape(-1) for a in params.A])
+    AfT = np.concatenate([a.transpose(0, 2, 1).reshape(-1) for a in params.A])
+    prm = np.ascontiguousarray(np.concatenate([Af, AfT, params.W.reshape(-1), params.W.T.reshape(-1)]))
+    n_last = model.heads[-1]
+    n_inner = len(rows) - n_last
+    dl1 = dims[L - 1]
+    sizes = (T, S, dims[0], max(dl1, dims[0]), len(rows), max(r[1] for r in rows), max(n_last, 1), dims[L],
+             len(Af), dl1, n_inner, n_inner, n_last)
+    n_fixed, n_blocks = block_count(S, T, opts)
+    import numba
+
+    parallel = bool(n_blocks > 1 and task.n_sequences >= opts.parallel_min_sequences and numba.get_num_threads() > 1)
+    return CatFormerJob("catformer", n_fixed, n_blocks, tuple(int(x) for x in sizes), hinfo, prm, len(Af),
+                        tuple(params.W.shape), float(eps), model.readout == "softmax", bool(want_grad), parallel)
+
+
+def weight_arrays(task):
+    """The task's exact weights as per-position factor tables (both task kinds; DESIGN §2, §9).
+
+    ``w(s, c) = Σ_k pk0[k] Π_t ftab[k, roff[t] + r_t(s), s_t] · ttab[k, troff + r_tp(s), c]``, with
+    ``r_t(s) = Σ_h s[par[t, h]] S^{npar[t]-1-h}`` the flat row of position ``t``'s parents.
+    Returns ``(npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT)``, the tables atoms last
+    (``ftabT[row, token, k] = ftab[k, row, token]``: the kernels' products run over contiguous atoms).
+    """
+    S, T = task.S, task.T
+    if isinstance(task, MultiParentTask):
+        parents, tp, atoms, pk0 = task.kernel_arrays()
+        K, k = atoms.shape[0], parents.shape[1]
+        ftab = np.concatenate([np.ones((K, 1, S)), atoms], axis=1)
+        root = parents[:, 0] < 0
+        npar = np.where(root, 0, k).astype(np.int64)
+        par = np.where(root[:, None], 0, parents).astype(np.int64)
+        roff = np.where(root, 0, 1).astype(np.int64)
+        return (npar, np.ascontiguousarray(par), roff, _atoms_last(ftab), pk0, int(k),
+                np.ascontiguousarray(tp, dtype=np.int64), 0, _atoms_last(atoms))
+    parents, mu, atoms, prior_w = task.kernel_arrays()
+    K = atoms.shape[0]
+    ftab = np.concatenate([np.ones((K, 1, S)), mu[:, None, :], atoms], axis=1)
+    npar = np.zeros(T, dtype=np.int64)
+    par = np.zeros((T, 1), dtype=np.int64)
+    roff = np.zeros(T, dtype=np.int64)
+    for t in range(T - 1):  # the query (T-1) is uniform: its factor 1/S is in pk0
+        if parents[t] < 0:
+            roff[t] = 1
+        else:
+            npar[t], par[t, 0], roff[t] = 1, parents[t], 2
+    return (npar, par, roff, _atoms_last(ftab), np.ascontiguousarray(prior_w / S), 1,
+            np.array([T - 1], dtype=np.int64), 0, _atoms_last(atoms))
+
+
+def _atoms_last(tab):
+    """``(K, R, S) -> (R, S, K)``, contiguous."""
+    return np.ascontiguousarray(np.transpose(tab, (1, 2, 0)))
+
+
+def run_chunk(task, job, lo, hi):
+    """Blocks ``lo … hi-1`` of ``job``: slots ``(loss (n,), gr (n, n_A + d_L·S), empty (n, 0))``, in block order.
+
+    The one block runner: the local path runs ``0 … n_blocks`` through it and a Dask worker a chunk
+    (:mod:`popgrad.engine.distributed`, which concatenates the three slot arrays of its chunks); a block's
+    slot is the same bits either way. ``gr[b] = [dA | dW]`` flat.
+    """
+    n = hi - lo
+    npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT = weight_arrays(task)
+    loss_s = np.zeros(n)
+    gr_s = np.zeros((n, job.n_A + job.w_shape[0] * job.w_shape[1]))
+    kernel = _kc.run_blocks if job.parallel and n > 1 else _kc.run_blocks_serial
+    kernel(lo, job.n_fixed, job.sizes, job.hinfo, job.prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
+           job.eps, job.softmax_readout, job.want_grad, loss_s, gr_s)
+    return loss_s, gr_s, np.zeros((n, 0))
+
+
+def finish_slots(model, job, loss_s, gr_s, _unused=None) -> CatFormerLossAndGrad:
+    """Add the slots in block order and unflatten ``[dA | dW]`` into the structure of ``params``."""
+    loss = float(_kc.sum_slots(loss_s, gr_s))
+    g = gr_s[0]
+    dA, off = [], 0
+    for m, d in zip(model.heads, model.dims[:-1]):
+        dA.append(g[off:off + m * d * d].reshape(m, d, d).copy())
+        off += m * d * d
+    return _finish(loss, dA, g[off:].reshape(job.w_shape).copy(), job.want_grad)
+
+
+def catformer_loss_and_grad_numpy(task, model, params, eps=None, chunk=4096) -> CatFormerLossAndGrad:
+    """NumPy reference of :func:`catformer_loss_and_grad` (same sums, whole-chunk arrays, slower)."""
+    params, eps = _validate(task, model, params, eps)
+    task.check_size()
+    return _reference(task, model, params, eps, True, chunk)
+
+
+def _reference(task, model, params, eps, want_grad, chunk) -> CatFormerLossAndGrad:
+    loss = 0.0
+    dA = [np.zeros_like(a) for a in params.A]
+    dW = np.zeros_like(params.W)
+    for seqs, w in task.enumerate(chunk_size=chunk):
+        l_c, dA_c, dW_c = catformer_backward(model, params, seqs, w, eps)
+        loss += l_c
+        for a, b in zip(dA, dA_c):
+            a += b
+        dW += dW_c
+    return _finish(loss, dA, dW, want_grad)
+
+
+def _finish(loss, dA, dW, want_grad) -> CatFormerLossAndGrad:
+    if math.isinf(loss) or math.isnan(loss):
+        if math.isinf(loss):
+            warn_inf("catformer_loss_and_grad")
+        else:
+            warnings.warn("catformer_loss_and_grad: the loss is NaN: with the linear readout some sequence with "
+                          "positive weight has f_c + eps <= 0 (log undefined); gradients are NaN",
+                          RuntimeWarning, stacklevel=3)
+        if want_grad:
+            dA = [np.full_like(a, np.nan) for a in dA]
+            dW = np.full_like(dW, np.nan)
+    if not want_grad:
+        return CatFormerLossAndGrad(float(loss), None, None)
+    return CatFormerLossAndGrad(float(loss), dA, dW)
