@@ -69,7 +69,8 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
     hyp = measure_hypotheses(task)
     ok = np.flatnonzero(np.isfinite(trajectory.loss))
     last = int(ok[-1]) if ok.size else None
-    final_se = float(trajectory.loss_se[last]) if last is not None else float("nan")
+    loss_se = getattr(trajectory, "loss_se", None)  # the full model's losses are all exact
+    final_se = float(loss_se[last]) if last is not None and loss_se is not None else float("nan")
     sampled = last is not None and np.isfinite(final_se)
     return _jsonable(
         {
@@ -97,7 +98,7 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
                 "final_loss": float(trajectory.loss[last]) if last is not None else None,
                 "final_loss_kind": ("sampled" if sampled else "exact") if last is not None else None,
                 "final_loss_se": final_se if sampled else None,
-                "stage2_samples": int(trajectory.stage2_samples),
+                "stage2_samples": int(getattr(trajectory, "stage2_samples", 0)),
             },
             "checks": [c.to_dict() for c in checks],
             "all_passed": all_passed(checks),
