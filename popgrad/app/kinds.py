@@ -44,7 +44,7 @@ import numpy as np
 from .. import checks as C
 from .._validation import is_int
 from ..checks import catformer as CC
-from ..engine.baselines import optimal_loss
+from ..engine.baselines import count_estimator_loss, optimal_loss
 from ..engine.sampled import SampledObjective, sampled_reference_losses
 from ..model.catformer import CatFormer
 from ..task import (MultiParentTask, Task, chain, dirichlet_prior, dirichlet_tensor_prior, icl_pairs, ngram,
@@ -496,10 +496,15 @@ def _refs_catformer(rc, traj, sampled=True):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         refs = _exact_refs(rc.task, eps=0.0)
+    eps, S = rc.task.default_eps, rc.task.S
     for key, v in refs.items():
-        if isinstance(v, dict) and not np.isfinite(v["value"]):
-            refs[key] = {"value": None, "kind": "exact", "reason": "infinite at eps = 0: it gives zero mass to a "
-                                                                   "token that occurs"}
+        if isinstance(v, dict) and not np.isfinite(v["value"]):  # the count estimators: smoothed instead
+            # (f + eps) / (1 + S eps) is a distribution: its cross-entropy is the eps-loss + log(1 + S eps)
+            value = count_estimator_loss(rc.task, eps=eps, model_limit=key == "L_count_model_limit")
+            refs[key] = {"value": float(value + math.log1p(S * eps)), "kind": "exact", "smoothing": eps,
+                         "note": f"cross-entropy of the count estimator smoothed to (f + eps)/(1 + S eps), eps = "
+                                 f"T_eff^-1/2 = {eps:.4g} (unsmoothed it is infinite: zero mass on a token that "
+                                 "occurs)"}
     return refs, None
 
 

@@ -123,6 +123,8 @@ def plot_loss(trajectory, references: dict, path, context: str = "") -> None:
             continue
         kind = v.get("kind", "exact") if isinstance(v, dict) else "exact"
         se = f" ± {v['se']:.1g}" if kind == "sampled" and v.get("se") is not None else ""
+        if isinstance(v, dict) and "smoothing" in v:  # the full model's count estimator: (f + ε)/(1 + Sε)
+            label = label.replace(tag, "") + f" (smoothed, ε = {v['smoothing']:.3g})"
         ax.axhline(value, ls="-" if key == "L_floor_eps" else "--", lw=1.0 if key == "L_floor_eps" else 1.2,
                    color=color, label=f"{label} = {value:.4f}{se} ({kind})")
     s1 = getattr(trajectory.config, "steps1", 0)
