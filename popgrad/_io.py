@@ -272,20 +272,36 @@ def _read_lock(path):
     return pid, start, host
 
 
-def clear_stale(folder) -> None:
-    """Remove what killed runs left in ``folder``: staging folders and a lock whose process is gone."""
+def clear_stale(folder, locked: bool = False) -> None:
+    """Remove what killed runs left in ``folder``: staging folders of dead processes, temporary files of
+    interrupted atomic writes, and a lock whose process is gone.
+
+    ``locked``: the caller holds the folder's lock (nothing else writes there). Otherwise nothing is
+    touched while a live process (or one on another host) holds the lock.
+    """
+    lock = os.path.join(folder, LOCK_NAME)
+    stale_lock = False
+    if not locked and os.path.lexists(lock):
+        holder = _read_lock(lock)
+        if holder is not None and (holder[2] != platform.node() or _pid_alive(holder[0], holder[1])):
+            return
+        stale_lock = True
     try:
         names = os.listdir(folder)
     except OSError:
         return
     for name in names:
+        full = os.path.join(folder, name)
         if name.startswith(STAGING_PREFIX):
             pid, start = _parse_owner(name[len(STAGING_PREFIX):].split("-", 1)[0])
             if not _pid_alive(pid, start):
-                shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
-    lock = os.path.join(folder, LOCK_NAME)
-    holder = _read_lock(lock) if os.path.lexists(lock) else False
-    if holder is None or (holder and holder[2] == platform.node() and not _pid_alive(holder[0], holder[1])):
+                shutil.rmtree(full, ignore_errors=True)
+        elif name.startswith(".tmp-") and os.path.isfile(full):
+            try:
+                os.unlink(full)
+            except OSError:
+                pass
+    if stale_lock:
         try:
             os.unlink(lock)
         except OSError:
@@ -325,7 +341,7 @@ class OutputDir:
                 os.makedirs(self.root)
                 self.created = True
             self._lock.acquire()
-            clear_stale(self.root)  # staging folders of runs that were killed
+            clear_stale(self.root, locked=True)  # what runs that were killed left behind
             self.staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{_owner_tag()}-", dir=self.root)
         except OSError as exc:
             self._cleanup()

@@ -546,9 +546,10 @@ def _run_cells(cells, rows, todo, client, scheduler, workers, worker_timeout, fi
             client.close()
         if cluster is not None:
             cluster.close()
-        for i in todo:  # what cells cut short by an interrupt left behind (their processes are gone)
-            if i not in rows:
-                clear_stale(os.path.join(cells_dir, cells[i][0]))
+        if own:  # what cells cut short left behind (the cluster is closed: their processes are gone)
+            for i in todo:
+                if i not in rows:
+                    clear_stale(os.path.join(cells_dir, cells[i][0]))
     df = _frame(rows)
     failed = int((df["status"] != "ok").sum())
     log(f"sweep: {len(todo)} cell{'s' * (len(todo) != 1)} run in {time.perf_counter() - t0:.1f} s; "
