@@ -10,8 +10,10 @@ are compared (relative difference printed; the run stops above 1e-10).
 Columns: sequences per second; flops per sequence (the kernel's loops, see
 :func:`flops_per_sequence`) and achieved GFLOP/s against a float64 ``dgemm``
 peak measured in the same run (one thread and all cores); the JAX time and
-the speed-up. Then the T sweep: the largest ``T`` whose gradient takes at
-most ``--budget`` seconds (10 s), at S = 2 and S = 3.
+the speed-up. Times are given as wall and as process CPU time (all threads):
+on a shared machine the CPU time is the comparable figure. Then the T sweep
+(one numba thread): the largest ``T`` whose gradient takes at most
+``--budget`` CPU seconds (10 s), at S = 2 and S = 3.
 
 Tasks: ``pg.chain(T)`` with ``dirichlet_prior(S, 1.0, 8, seed=0)`` (closed
 under the ``S!`` relabelings: 48 atoms at S = 3, 16 at S = 2); parameters
@@ -55,12 +57,22 @@ def make_case(S, T, heads, seed=0):
 
 
 def median_time(fn, repeats):
-    ts = []
+    return median_times(fn, repeats)[0]
+
+
+def median_times(fn, repeats):
+    """``(wall, cpu)`` medians of ``repeats`` calls; ``cpu`` is the process CPU time (all its threads).
+
+    On a shared machine the wall time mostly measures the other processes; the CPU time is the work
+    done (what a quiet machine would take on one core, summed over threads).
+    """
+    ts, cs = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+        cs.append(time.process_time() - c0)
+    return statistics.median(ts), statistics.median(cs)
 
 
 def flops_per_sequence(model, K, want_grad=True):
@@ -189,35 +201,34 @@ def bench_table(repeats, use_jax, jax_chunk, peak):
     for S, T, heads in CASES:
         task, model, params = make_case(S, T, heads)
         r = pg.catformer_loss_and_grad(task, model, params)  # JIT warm-up
-        t = median_time(lambda: pg.catformer_loss_and_grad(task, model, params), repeats)
+        t, c = median_times(lambda: pg.catformer_loss_and_grad(task, model, params), repeats)
         t_loss = median_time(lambda: pg.catformer_loss(task, model, params), repeats)
         n = task.n_sequences
         fl = flops_per_sequence(model, task.prior.K)
         row = dict(S=S, T=T, heads=heads, dims=model.dims, n=n, t=t, t_loss=t_loss, seq_s=n / t, flops=fl,
-                   gflops=fl * n / t / 1e9, t_jax=None, diff=None)
+                   gflops=fl * n / c / 1e9, cpu=c, t_jax=None, cpu_jax=None, diff=None)
         if use_jax:
             peer = JaxCatFormer(task, model, jax_chunk)
             out = peer(params)
             row["diff"] = rel_diff(r, *out)
             if row["diff"] > 1e-10:
                 raise RuntimeError(f"JAX and popgrad disagree at S={S} T={T} heads={heads}: {row['diff']:.3g}")
-            row["t_jax"] = median_time(lambda: peer(params), max(1, min(repeats, 3)))
+            row["t_jax"], row["cpu_jax"] = median_times(lambda: peer(params), max(1, min(repeats, 3)))
             del peer
         rows.append(row)
         print(_row_text(row, peak), flush=True)
     return rows
 
 
-def sweep(S, budget, heads=(1, 1)):
-    """``[(T, seconds)]`` for T = 4, 5, … until a gradient takes more than ``budget`` seconds."""
+def sweep(S, budget, heads=(1, 1), T=4):
+    """``[(T, seconds)]`` for T = 4, 5, … until a gradient takes more than ``budget`` CPU seconds (one thread)."""
     out = []
-    T = 4
     while True:
         task, model, params = make_case(S, T, heads)
         pg.catformer_loss_and_grad(task, model, params)
-        t = median_time(lambda: pg.catformer_loss_and_grad(task, model, params), 1 if S**T > 10**5 else 3)
+        wall, t = median_times(lambda: pg.catformer_loss_and_grad(task, model, params), 1 if S**T > 10**5 else 3)
         out.append((T, t))
-        print(f"  sweep S={S} T={T}: {t:.3g} s ({S**T / t:.3g} seq/s)", flush=True)
+        print(f"  sweep S={S} T={T}: {t:.3g} CPU s, {wall:.3g} wall s ({S**T / t:.3g} seq per CPU s)", flush=True)
         # the next T costs about S·(d(T+1)/d(T))² times more: stop before a run far beyond the budget
         if t > budget or t * S * ((T + 1 + S) / (T + S)) ** 2 > 4 * budget:
             return out
@@ -225,10 +236,12 @@ def sweep(S, budget, heads=(1, 1)):
 
 
 def _row_text(row, peak):
-    jax = "—" if row["t_jax"] is None else f"{row['t_jax']:.3g} s"
-    sp = "—" if row["t_jax"] is None else f"{row['t_jax'] / row['t']:.3g}×"
-    return (f"| {row['S']} | {row['T']} | {row['heads']} | {row['dims'][-1]} | {row['n']:,} | {row['t'] * 1e3:.3g} | "
-            f"{row['t_loss'] * 1e3:.3g} | {row['seq_s'] / 1e6:.3g}M | {row['flops']:.3g} | {row['gflops']:.3g} | "
+    none = row["t_jax"] is None
+    jax = "—" if none else f"{row['t_jax']:.3g} / {row['cpu_jax']:.3g}"
+    sp = "—" if none else f"{row['t_jax'] / row['t']:.3g}× / {row['cpu_jax'] / row['cpu']:.3g}×"
+    return (f"| {row['S']} | {row['T']} | {row['heads']} | {row['dims'][-1]} | {row['n']:,} | "
+            f"{row['t'] * 1e3:.3g} / {row['cpu'] * 1e3:.3g} | {row['t_loss'] * 1e3:.3g} | "
+            f"{row['n'] / row['cpu'] / 1e6:.3g}M | {row['flops']:.3g} | {row['gflops']:.3g} | "
             f"{100 * row['gflops'] / peak['one']:.2g}% | {jax} | {sp} | "
             f"{'—' if row['diff'] is None else format(row['diff'], '.1e')} |")
 
@@ -240,6 +253,9 @@ def main(argv=None):
     ap.add_argument("--jax-chunk", type=int, default=2**13)
     ap.add_argument("--no-jax", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--no-table", action="store_true")
+    ap.add_argument("--sweep-from", type=int, nargs=2, default=(4, 4), metavar=("T_S2", "T_S3"),
+                    help="first T of the sweep at S=2 and S=3")
     args = ap.parse_args(argv)
     use_jax = not args.no_jax
     if use_jax:
@@ -255,14 +271,17 @@ def main(argv=None):
           + (f" · jax {__import__('jax').__version__}" if use_jax else ""))
     print(f"Peak float64 dgemm: {peak['all']:.1f} GFLOP/s on all cores, {peak['one']:.1f} on one. "
           f"Median of {args.repeats} runs after warm-up.\n")
-    print("| S | T | heads | d_L | sequences | grad ms | loss ms | seq/s | flops/seq | GFLOP/s | % 1-core peak "
-          "| JAX grad | vs JAX | rel. diff |")
+    print("| S | T | heads | d_L | sequences | grad ms (wall / CPU) | loss ms | seq per CPU s | flops/seq "
+          "| GFLOP/s (CPU) | % 1-core peak | JAX grad s (wall / CPU) | vs JAX (wall / CPU) | rel. diff |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    bench_table(args.repeats, use_jax, args.jax_chunk, peak)
+    if not args.no_table:
+        bench_table(args.repeats, use_jax, args.jax_chunk, peak)
     if not args.no_sweep:
-        print(f"\nT sweep, heads (1, 1): the largest T with a gradient in ≤ {args.budget:g} s")
-        for S in (2, 3):
-            res = sweep(S, args.budget)
+        print(f"\nT sweep, heads (1, 1), one numba thread's CPU time: the largest T with a gradient in "
+              f"≤ {args.budget:g} s")
+        numba.set_num_threads(1)
+        for S, T0 in zip((2, 3), args.sweep_from):
+            res = sweep(S, args.budget, T=T0)
             ok = [T for T, t in res if t <= args.budget]
             print(f"S={S}: largest T = {max(ok) if ok else '—'} "
                   f"({', '.join(f'T={T}: {t:.3g} s' for T, t in res[-3:])})")

@@ -1,6 +1,11 @@
-"""Numba kernels of the disentangled-transformer engine (DESIGN §14): a trie walk, forward and reverse.
+"""Numba kernels of the disentangled-transformer engine (DESIGN §15): a trie walk, forward and reverse.
 
-Layout (built by :mod:`popgrad.engine.catformer`):
+Layout (built by :mod:`popgrad.engine.catformer`). Every array below is a
+region of one flat float64 workspace ``F`` (offsets: :func:`_offsets`), the
+parameters are one flat vector ``prm = [Ã (all heads) | Ãᵀ | W | Wᵀ]`` and the
+gradient one flat ``gr = [dÃ | dW]``, indexed with integer offsets: numba
+updates an atomic reference count for every array argument and every view, so
+the hot path passes a handful of arrays and creates no views.
 
 * ``H[t, :]`` -- row ``t`` of the last layer's input and below, width ``d_{L-1}``
   (every layer concatenates, so row ``t`` of layer ``ℓ`` is ``H[t, :d_ℓ]``).
@@ -12,7 +17,8 @@ Layout (built by :mod:`popgrad.engine.catformer`):
 * heads in global order ``g`` (layer by layer, heads in order); ``hinfo[g] =
   (layer, d_in, out, aoff)``: the 1-based layer, its input width, the offset
   of its output in ``H`` (``d_in (1 + k)``) and of its matrix in ``Af``
-  (row-major ``d_in × d_in``). ``U[t, g, :]`` holds ``u = H[t] Ã_g`` (the
+  (row-major ``d_in × d_in``; ``Ht`` is ``H`` transposed, for contiguous score
+  loops). ``U[t, g, :]`` holds ``u = H[t] Ã_g`` (the
   query side of the scores, kept for the backward pass), ``Pr[t, g, :t+1]`` the
   attention row.
 * the readout ``W (d_L, S)``: ``z = H[T-1] W[:d_{L-1}] + Σ_k Σ_j P^k_j hw[j, k]``
@@ -39,11 +45,16 @@ import numpy as np
 from numba import njit, prange
 
 
+#: Index type of the hot loops: numba wraps negative *signed* indices (a compare-and-add per access, which
+#: also keeps LLVM from vectorizing); unsigned indices skip that, so every offset below is a uint64.
+U = np.uint64
+
+
 @njit(cache=True, error_model="numpy", inline="always")
 def _offsets(z):
-    """Offsets of the workspace ``F`` (see :func:`_block`) from the size tuple ``z``."""
-    T, S, d0, dw, nh, dmax, nl = z[0], z[1], z[2], z[3], z[4], z[5], z[6]
-    oH = 0
+    """Offsets (uint64) of the workspace ``F`` (see :func:`_block`) from the size tuple ``z``."""
+    T, S, dw, nh, dmax, nl = U(z[0]), U(z[1]), U(z[3]), U(z[4]), U(z[5]), U(z[6])
+    oH = U(0)
     oHt = oH + T * dw
     oG = oHt + dw * T
     oPr = oG + T * dw
@@ -61,19 +72,20 @@ def _offsets(z):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _row_forward(t, g, z, s, hinfo, prm, F, write_out):
+def _row_forward(t_, g_, z, s, hinfo, prm, F, write_out):
     """Row ``t`` of head ``g``: ``u = H[t] Ã``, scores ``z_j = u · H[j]`` (``j ≤ t``), softmax, output.
 
     The output ``Σ_j P_j H[j, :d_in]`` goes to ``H[t, out : out + d_in]`` and ``Ht`` when ``write_out``.
     """
-    T, S, d0, dw, nh, dmax = z[0], z[1], z[2], z[3], z[4], z[5]
+    T, S, d0, dw, nh, dmax = U(z[0]), U(z[1]), U(z[2]), U(z[3]), U(z[4]), U(z[5])
     oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
-    din = hinfo[g, 1]
-    out = hinfo[g, 2]
-    ao = hinfo[g, 3]
+    t, g = U(t_), U(g_)
+    din = U(hinfo[g, 1])
+    out = U(hinfo[g, 2])
+    ao = U(hinfo[g, 3])
     u0 = oU + (t * nh + g) * dmax
     h0 = oH + t * dw
-    r1 = ao + s[t] * din
+    r1 = ao + U(s[t]) * din
     r2 = ao + (S + t) * din
     for b in range(din):
         F[u0 + b] = prm[r1 + b] + prm[r2 + b]
@@ -84,16 +96,16 @@ def _row_forward(t, g, z, s, hinfo, prm, F, write_out):
             for b in range(din):
                 F[u0 + b] += x * prm[ra + b]
     p0 = oPr + (t * nh + g) * T
-    n = t + 1
+    n = t + U(1)
     for j in range(n):
-        F[p0 + j] = F[u0 + s[j]] + F[u0 + S + j]
+        F[p0 + j] = F[u0 + U(s[j])] + F[u0 + S + j]
     for a in range(d0, din):
         ua = F[u0 + a]
         q0 = oHt + a * T
         for j in range(n):
             F[p0 + j] += ua * F[q0 + j]
     m = F[p0]
-    for j in range(1, n):
+    for j in range(U(1), n):
         if F[p0 + j] > m:
             m = F[p0 + j]
     tot = 0.0
@@ -109,7 +121,7 @@ def _row_forward(t, g, z, s, hinfo, prm, F, write_out):
             F[oo + a] = 0.0
         for j in range(n):
             p = F[p0 + j]
-            F[oo + s[j]] += p
+            F[oo + U(s[j])] += p
             F[oo + S + j] += p
             hj = oH + j * dw
             for a in range(d0, din):
@@ -121,36 +133,39 @@ def _row_forward(t, g, z, s, hinfo, prm, F, write_out):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _softmax_backward(t, g, z, F):
+def _softmax_backward(t_, g_, z, F):
     """``dzs_j = P_j (dP_j - Σ_i P_i dP_i)`` for ``j ≤ t``."""
-    T, nh = z[0], z[4]
+    T, nh = U(z[0]), U(z[4])
     oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    t, g = U(t_), U(g_)
     p0 = oPr + (t * nh + g) * T
+    n = t + U(1)
     m = 0.0
-    for j in range(t + 1):
+    for j in range(n):
         m += F[p0 + j] * F[odP + j]
-    for j in range(t + 1):
+    for j in range(n):
         F[odzs + j] = F[p0 + j] * (F[odP + j] - m)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _scores_backward(t, g, z, s, hinfo, prm, F, gr):
+def _scores_backward(t_, g_, z, s, hinfo, prm, F, gr):
     """Adjoint of the scores ``z_j = H[t] Ã H[j]ᵀ`` of row ``t``, head ``g``, given ``dzs[j] = ∂L/∂z_j``.
 
     ``du = Σ_j dz_j H[j]``; ``dÃ += H[t]ᵀ du``; ``G[t] += Ã du``; ``G[j] += dz_j u`` (coordinates ``≥ d_0``
     only: the input ``x̃`` needs no adjoint).
     """
-    T, S, d0, dw, nh, dmax = z[0], z[1], z[2], z[3], z[4], z[5]
-    nA = z[8]
+    T, S, d0, dw, nh, dmax = U(z[0]), U(z[1]), U(z[2]), U(z[3]), U(z[4]), U(z[5])
+    nA = U(z[8])
     oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
-    din = hinfo[g, 1]
-    ao = hinfo[g, 3]
+    t, g = U(t_), U(g_)
+    din = U(hinfo[g, 1])
+    ao = U(hinfo[g, 3])
     u0 = oU + (t * nh + g) * dmax
     for b in range(din):
         F[odu + b] = 0.0
-    for j in range(t + 1):
+    for j in range(t + U(1)):
         c = F[odzs + j]
-        F[odu + s[j]] += c
+        F[odu + U(s[j])] += c
         F[odu + S + j] += c
         if c != 0.0:
             hj = oH + j * dw
@@ -158,7 +173,7 @@ def _scores_backward(t, g, z, s, hinfo, prm, F, gr):
             for a in range(d0, din):
                 F[odu + a] += c * F[hj + a]
                 F[gj + a] += c * F[u0 + a]
-    r1 = ao + s[t] * din
+    r1 = ao + U(s[t]) * din
     r2 = ao + (S + t) * din
     for b in range(din):
         gr[r1 + b] += F[odu + b]
@@ -181,20 +196,23 @@ def _scores_backward(t, g, z, s, hinfo, prm, F, gr):
 
 
 @njit(cache=True, error_model="numpy")
-def _node_forward(t, z, s, hinfo, prm, F):
+def _node_forward(t_, z, s, hinfo, prm, F):
     """Row ``t`` of layers ``1 … L-1`` (heads ``0 … n_inner-1``) and ``hw[t, k] = H[t] W_k`` of the last heads."""
-    T, S, d0, dw, nh, dmax, nl = z[0], z[1], z[2], z[3], z[4], z[5], z[6]
-    nA, dl1, n_inner, last0, n_last = z[8], z[9], z[10], z[11], z[12]
+    T, S, d0, dw, nh, dmax, nl = U(z[0]), U(z[1]), U(z[2]), U(z[3]), U(z[4]), U(z[5]), U(z[6])
+    nA, dl1, n_inner, last0, n_last = U(z[8]), U(z[9]), z[10], z[11], z[12]
     oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
     for g in range(n_inner):
-        _row_forward(t, g, z, s, hinfo, prm, F, True)
-    oW = 2 * nA
+        _row_forward(t_, g, z, s, hinfo, prm, F, True)
+    t = U(t_)
+    oW = U(2) * nA
     h0 = oH + t * dw
-    for k in range(n_last):
-        wo = hinfo[last0 + k, 2]
+    st = U(s[t])
+    for k_ in range(n_last):
+        k = U(k_)
+        wo = U(hinfo[last0 + k_, 2])
         k0 = ohw + (t * nl + k) * S
         for c in range(S):
-            F[k0 + c] = prm[oW + (wo + s[t]) * S + c] + prm[oW + (wo + S + t) * S + c]
+            F[k0 + c] = prm[oW + (wo + st) * S + c] + prm[oW + (wo + S + t) * S + c]
         for a in range(d0, dl1):
             x = F[h0 + a]
             if x != 0.0:
@@ -204,23 +222,27 @@ def _node_forward(t, z, s, hinfo, prm, F):
 
 
 @njit(cache=True, error_model="numpy")
-def _node_backward(t, z, s, hinfo, prm, F, gr):
+def _node_backward(t_, z, s, hinfo, prm, F, gr):
     """Back-propagate row ``t`` (its ``hw[t]``, then layers ``L-1 … 1``) from the adjoints ``G[t]``, ``Ghw[t]``.
 
     Adds into ``dA``, ``dW`` and ``G[j]`` for ``j ≤ t``; then zeroes ``G[t]``, ``Ghw[t]`` (for the next sibling).
     """
-    T, S, d0, dw, nh, dmax, nl = z[0], z[1], z[2], z[3], z[4], z[5], z[6]
-    dL, nA, dl1, n_inner, last0, n_last = z[7], z[8], z[9], z[10], z[11], z[12]
+    T, S, d0, dw, nh, dmax, nl = U(z[0]), U(z[1]), U(z[2]), U(z[3]), U(z[4]), U(z[5]), U(z[6])
+    dL, nA, dl1, n_inner, last0, n_last = U(z[7]), U(z[8]), U(z[9]), z[10], z[11], z[12]
     oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
-    oW = 2 * nA
+    t = U(t_)
+    oW = U(2) * nA
     oWT = oW + dL * S
     h0 = oH + t * dw
     g0 = oG + t * dw
-    for k in range(n_last):
-        wo = hinfo[last0 + k, 2]
+    st = U(s[t])
+    n = t + U(1)
+    for k_ in range(n_last):
+        k = U(k_)
+        wo = U(hinfo[last0 + k_, 2])
         k0 = oGhw + (t * nl + k) * S
         for c in range(S):
-            gr[nA + (wo + s[t]) * S + c] += F[k0 + c]
+            gr[nA + (wo + st) * S + c] += F[k0 + c]
             gr[nA + (wo + S + t) * S + c] += F[k0 + c]
         for a in range(d0, dl1):
             x = F[h0 + a]
@@ -234,29 +256,30 @@ def _node_backward(t, z, s, hinfo, prm, F, gr):
                 w0 = oWT + c * dL + wo
                 for a in range(d0, dl1):
                     F[g0 + a] += gc * prm[w0 + a]
-    for g in range(n_inner - 1, -1, -1):
-        din = hinfo[g, 1]
-        out = hinfo[g, 2]
-        for j in range(t + 1):
-            F[odP + j] = F[g0 + out + s[j]] + F[g0 + out + S + j]
+    for g_ in range(n_inner - 1, -1, -1):
+        g = U(g_)
+        din = U(hinfo[g, 1])
+        out = U(hinfo[g, 2])
+        for j in range(n):
+            F[odP + j] = F[g0 + out + U(s[j])] + F[g0 + out + S + j]
         for a in range(d0, din):
             ga = F[g0 + out + a]
             if ga != 0.0:
                 q0 = oHt + a * T
-                for j in range(t + 1):
+                for j in range(n):
                     F[odP + j] += ga * F[q0 + j]
         p0 = oPr + (t * nh + g) * T
-        for j in range(t + 1):
+        for j in range(n):
             p = F[p0 + j]
             gj = oG + j * dw
             for a in range(d0, din):
                 F[gj + a] += p * F[g0 + out + a]
-        _softmax_backward(t, g, z, F)
-        _scores_backward(t, g, z, s, hinfo, prm, F, gr)
+        _softmax_backward(t_, g_, z, F)
+        _scores_backward(t_, g_, z, s, hinfo, prm, F, gr)
     for a in range(dw):
         F[g0 + a] = 0.0
-    for k in range(n_last):
-        k0 = oGhw + (t * nl + k) * S
+    for k_ in range(n_last):
+        k0 = oGhw + (t * nl + U(k_)) * S
         for c in range(S):
             F[k0 + c] = 0.0
 
@@ -270,12 +293,16 @@ def _enter_weights(t, s, S, npar, par, roff, ftabT, pk):
     r = 0  # the parents' flat row: Σ_h s[par_h] S^{n-1-h}
     for h in range(npar[t]):
         r = r * S + s[par[t, h]]
-    row = roff[t] + r
-    tok = s[t]
+    K = U(pk.shape[1])
+    fo = (U(roff[t] + r) * U(S) + U(s[t])) * K
+    ff = ftabT.reshape(-1)
+    pf = pk.reshape(-1)
+    src = U(t) * K
+    dst = src + K
     alive = False
-    for k in range(pk.shape[1]):
-        v = pk[t, k] * ftabT[row, tok, k]
-        pk[t + 1, k] = v
+    for k in range(K):
+        v = pf[src + k] * ff[fo + k]
+        pf[dst + k] = v
         if v != 0.0:
             alive = True
     return alive
@@ -286,34 +313,48 @@ def _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, 
     """``Wl[q, c] = w(s_0 … s_{T-2} q, c)`` for every last token ``q`` (once per parent of leaves).
 
     ``Wl[q, c] = Σ_k pk[T-1, k] ftab[k, row_{T-1}, q] ttab[k, r_tp(q), c]`` with the tables atoms-last
-    (``ftabT``, ``ttabT``); the sum over atoms in two interleaved partial sums.
+    (``ftabT``, ``ttabT``); the sum over atoms in four interleaved partial sums.
     """
     t = T - 1
     r = 0
     for h in range(npar[t]):
         r = r * S + s[par[t, h]]
-    row = roff[t] + r
-    K = pk.shape[1]
-    nS = Wl.shape[1]
-    for q in range(S):
+    row = U(roff[t] + r)
+    K = U(pk.shape[1])
+    nS = U(Wl.shape[1])
+    Su = U(S)
+    ff = ftabT.reshape(-1)
+    tt = ttabT.reshape(-1)
+    pf = pk.reshape(-1)
+    Wf = Wl.reshape(-1)
+    src = U(t) * K
+    for q_ in range(S):
+        q = U(q_)
         rt = 0
         for h in range(tnpar):
-            tok = q if tpar[h] == t else s[tpar[h]]
+            tok = q_ if tpar[h] == t else s[tpar[h]]
             rt = rt * S + tok
+        fo = (row * Su + q) * K
         for k in range(K):
-            coef[k] = pk[t, k] * ftabT[row, q, k]
-        rr = troff + rt
+            coef[k] = pf[src + k] * ff[fo + k]
+        rr = U(troff + rt)
         for c in range(nS):
+            to = (rr * nS + c) * K
             a0 = 0.0
             a1 = 0.0
-            k = 0
-            while k + 1 < K:
-                a0 += coef[k] * ttabT[rr, c, k]
-                a1 += coef[k + 1] * ttabT[rr, c, k + 1]
-                k += 2
-            if k < K:
-                a0 += coef[k] * ttabT[rr, c, k]
-            Wl[q, c] = a0 + a1
+            a2 = 0.0
+            a3 = 0.0
+            k = U(0)
+            while k + U(3) < K:
+                a0 += coef[k] * tt[to + k]
+                a1 += coef[k + U(1)] * tt[to + k + U(1)]
+                a2 += coef[k + U(2)] * tt[to + k + U(2)]
+                a3 += coef[k + U(3)] * tt[to + k + U(3)]
+                k += U(4)
+            while k < K:
+                a0 += coef[k] * tt[to + k]
+                k += U(1)
+            Wf[q * nS + c] = (a0 + a1) + (a2 + a3)
 
 
 @njit(cache=True, error_model="numpy")
@@ -323,28 +364,31 @@ def _leaf(z, s, hinfo, prm, F, gr, eps, softmax_readout, want_grad):
     The leaf's weights ``w(s, ·)`` are in ``F[owv:]``. Returns the leaf's loss; the caller back-propagates
     the row ``T-1`` itself (:func:`_node_backward`).
     """
-    T, S, d0, dw, nh, dmax, nl = z[0], z[1], z[2], z[3], z[4], z[5], z[6]
-    dL, nA, dl1, n_inner, last0, n_last = z[7], z[8], z[9], z[10], z[11], z[12]
+    T, S, d0, dw, nh, dmax, nl = U(z[0]), U(z[1]), U(z[2]), U(z[3]), U(z[4]), U(z[5]), U(z[6])
+    dL, nA, dl1, n_inner, last0, n_last = U(z[7]), U(z[8]), U(z[9]), z[10], z[11], z[12]
     oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
-    oW = 2 * nA
+    oW = U(2) * nA
     oWT = oW + dL * S
-    t = T - 1
+    t_ = z[0] - 1
+    t = T - U(1)
     h0 = oH + t * dw
     g0 = oG + t * dw
+    st = U(s[t])
     tot_w = 0.0
     for c in range(S):
         tot_w += F[owv + c]
     for k in range(n_last):
-        _row_forward(t, last0 + k, z, s, hinfo, prm, F, False)
+        _row_forward(t_, last0 + k, z, s, hinfo, prm, F, False)
     for c in range(S):
-        F[oz + c] = prm[oW + s[t] * S + c] + prm[oW + (S + t) * S + c]
+        F[oz + c] = prm[oW + st * S + c] + prm[oW + (S + t) * S + c]
     for a in range(d0, dl1):
         x = F[h0 + a]
         if x != 0.0:
             for c in range(S):
                 F[oz + c] += x * prm[oW + a * S + c]
-    for k in range(n_last):
-        p0 = oPr + (t * nh + last0 + k) * T
+    for k_ in range(n_last):
+        k = U(k_)
+        p0 = oPr + (t * nh + U(last0) + k) * T
         for j in range(T):
             p = F[p0 + j]
             k0 = ohw + (j * nl + k) * S
@@ -353,7 +397,7 @@ def _leaf(z, s, hinfo, prm, F, gr, eps, softmax_readout, want_grad):
     loss = 0.0
     if softmax_readout:
         m = F[oz]
-        for c in range(1, S):
+        for c in range(U(1), S):
             if F[oz + c] > m:
                 m = F[oz + c]
         tot = 0.0
@@ -391,7 +435,7 @@ def _leaf(z, s, hinfo, prm, F, gr, eps, softmax_readout, want_grad):
         return loss
     # readout z = H[t] W[:dl1] + Σ_k Σ_j P^k_j hw[j, k]
     for c in range(S):
-        gr[nA + s[t] * S + c] += F[odz + c]
+        gr[nA + st * S + c] += F[odz + c]
         gr[nA + (S + t) * S + c] += F[odz + c]
     for a in range(d0, dl1):
         x = F[h0 + a]
@@ -403,9 +447,10 @@ def _leaf(z, s, hinfo, prm, F, gr, eps, softmax_readout, want_grad):
         w0 = oWT + c * dL
         for a in range(d0, dl1):
             F[g0 + a] += gc * prm[w0 + a]
-    for k in range(n_last):
-        g = last0 + k
-        p0 = oPr + (t * nh + g) * T
+    for k_ in range(n_last):
+        k = U(k_)
+        g = last0 + k_
+        p0 = oPr + (t * nh + U(g)) * T
         for j in range(T):
             p = F[p0 + j]
             k0 = ohw + (j * nl + k) * S
@@ -415,8 +460,8 @@ def _leaf(z, s, hinfo, prm, F, gr, eps, softmax_readout, want_grad):
                 v += F[odz + c] * F[k0 + c]
                 F[q0 + c] += p * F[odz + c]
             F[odP + j] = v
-        _softmax_backward(t, g, z, F)
-        _scores_backward(t, g, z, s, hinfo, prm, F, gr)
+        _softmax_backward(t_, g, z, F)
+        _scores_backward(t_, g, z, s, hinfo, prm, F, gr)
     return loss
 
 
@@ -434,8 +479,8 @@ def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, 
     T, S = z[0], z[1]
     K = pk0.shape[0]
     oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, size = _offsets(z)
-    dw = z[3]
-    F = np.zeros(size)
+    oH, owv, dw = z[3] * 0, int(owv), z[3]  # signed offsets for the walk's few accesses
+    F = np.zeros(int(size))
     s = np.zeros(T, dtype=np.int64)
     pk = np.zeros((T + 1, K))
     Wl = np.zeros((S, S))
