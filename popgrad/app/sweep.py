@@ -245,7 +245,8 @@ def _scalar(v):
 
 def summary_row(cfg: dict, report: dict | None = None, error: str = "", versions: dict | None = None) -> dict:
     """The flat results row of one cell: config, status, checks, references, timings, versions."""
-    row = {"cell_id": cell_id(cfg), **{k: cfg[k] for k in CONFIG_KEYS}}
+    row = {"cell_id": cell_id(cfg), **{k: cfg.get(k) for k in CONFIG_KEYS},  # --model catformer: its own keys
+           **{k: v for k, v in cfg.items() if k not in CONFIG_KEYS and k != "out"}}
     row["status"] = "ok" if report is not None else "failed"
     row["error"] = "" if report is not None else error
     if report is not None:

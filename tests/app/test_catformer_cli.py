@@ -122,3 +122,23 @@ def test_multi_head_defaults_agree_everywhere():
         assert sig[key].default == getattr(cfg, key) == job[key], key
     rc = resolve({"graph": "two-parent", "steps1": 3})
     assert rc.train == pg.MultiHeadTrainConfig(steps1=3, record_every=50, init_seed=0).validate()
+
+
+def test_sweep_cells_of_the_full_model(tmp_path):
+    """``popgrad sweep``'s spec expansion and cell runner (the Dask task, run here in-process)."""
+    from popgrad.app.sweep import cached_row, expand, run_cell
+
+    spec = {"fixed": {"model": "catformer", "graph": "chain", "S": 2, "T": 4, "steps": 3},
+            "axes": {"optimizer": ["sgd", "adamw"]}}
+    cells = expand(spec)
+    assert [c["optimizer"] for _, c in cells] == ["sgd", "adamw"] and all("beta0" not in c for _, c in cells)
+    task = pg.Task(pg.chain(4), pg.dirichlet_prior(2, 1.0, 8, seed=0, symmetrize=True, floor=0.15, uniform_mean=True))
+    for cid, cfg in cells:
+        row = run_cell(cfg, str(tmp_path / cid))
+        assert row["status"] == "ok", row["error"]
+        assert row["optimizer"] == cfg["optimizer"] and row["beta0"] is None and "induction_head_value" in row
+        traj = pg.train_catformer(task, pg.CatFormer(2, 4), 3, optimizer=cfg["optimizer"], record_every=1)
+        assert row["final_loss"] == float(traj.loss[-1])
+        assert cached_row(str(tmp_path / cid), cfg) is not None  # a rerun resumes the cell
+    with pytest.raises(ValueError, match="--beta0 only applies to --model reduced"):
+        expand({"fixed": {"model": "catformer", "beta0": 1.0}})
