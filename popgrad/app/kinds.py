@@ -52,7 +52,7 @@ from ..task import (MultiParentTask, Task, chain, dirichlet_prior, dirichlet_ten
 from ..task.priors import MAX_CLOSURE_ATOMS
 from ..theory.information import has_idealized_gradient
 from ..train.algorithm1 import train_two_stage
-from ..train.catformer import CatFormerTrainConfig, train_catformer
+from ..train.catformer import CatFormerScheme, CatFormerTrainConfig, train_catformer
 from ..train.config import GRADIENTS, STAGE2_METHODS, MultiHeadTrainConfig, TrainConfig, resolve_auto
 from ..train.loop import load_checkpoint
 from ..train.multihead import train_multi_head
@@ -545,7 +545,8 @@ def _plots_catformer(out, rc, traj, refs, context=""):
 
 
 def _check_resume_catformer(path, rc):
-    """``train_catformer`` checks the checkpoint against its settings at the start of the run."""
+    """The checkpoint must be of this task and these settings (its parameters and Adam's moments)."""
+    load_checkpoint(path, rc.task, CatFormerScheme(rc.task, _catformer_model(rc), rc.train))
 
 
 # ------------------------------------------------------------------- table

@@ -83,6 +83,20 @@ def test_tiny_catformer_run_writes_its_report_and_matches_the_python_api(tmp_pat
     np.testing.assert_allclose(P.sum(axis=2), 1.0, rtol=1e-12)
 
 
+def test_catformer_resume_reproduces_the_report_and_refuses_other_settings(tmp_path, capsys):
+    out = tmp_path / "cat"
+    argv = ["run", *TINY, "--checkpoint-every", "2", "--out", str(out)]
+    assert cli.main(argv) == 0
+    whole = json.loads((out / "report.json").read_text())
+    bad = ["run", *TINY, "--lr", "2e-2", "--checkpoint-every", "2", "--out", str(out), "--resume"]
+    assert cli.main(bad) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "different task or configuration" in err, err
+    assert cli.main([*argv, "--resume"]) == 0
+    again = json.loads((out / "report.json").read_text())
+    assert again["trajectory"]["final_loss"] == whole["trajectory"]["final_loss"]
+
+
 def test_catformer_single_parent_reports_graph_recovery(tmp_path, capsys):
     out = tmp_path / "chain"
     argv = ["run", "--model", "catformer", "--graph", "chain", "--S", "2", "--T", "5", "--steps", "4",
