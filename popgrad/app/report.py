@@ -31,7 +31,7 @@ _TAGS = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "not_ap
 
 #: What each reference loss is (report.md).
 REFERENCE_LABELS = {
-    "eps": "ε, the loss perturbation (T_eff^-1/2)",
+    "eps": "ε, the loss perturbation (T_eff^-1/2; 0 for the full model's softmax readout)",
     "L_star": "L*: the oracle that knows π, ε = 0",
     "L_bayes": "L_Bayes = H(y \\| s), ε = 0",
     "L_star_eps": "L*_ε: the oracle's ε-loss (not a bound; < 0 when π + ε > 1)",
@@ -222,6 +222,7 @@ def render_markdown(report: dict) -> str:
             f"Fitted exponent of L_ε(θ̂) - L*_ε against T_eff: {_fmt(sweep['fitted_exponent'])} "
             f"± {_fmt(sweep['fitted_exponent_stderr'])} (standard error).",
         ]
+    lines += _catformer_section(report.get("catformer"))
     lines += ["", "## Details", ""]
     for c in report["checks"]:
         lines.append(f"### {c['name']}")
@@ -240,6 +241,23 @@ def render_markdown(report: dict) -> str:
             lines.append(f"- {k}: {v}")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _catformer_section(cat) -> list:
+    """The full model's section of report.md: final loss against the references, attention to the parent."""
+    if not cat:
+        return []
+    ex = cat["excess_over"]
+    lines = ["", "## The full model (population-average layer-1 attention)", "",
+             f"Heads per layer {tuple(cat['heads'])}; final loss {_fmt(cat['final_loss'])}; final loss minus the "
+             f"Bayes loss {_fmt(ex['bayes'])}, minus the exact floor {_fmt(ex['floor'])}, minus the (smoothed) "
+             f"count estimator {_fmt(ex['count_estimator'])}.", ""]
+    rows = cat["attention_to_parent_per_position"]
+    cols = [i for i in range(len(rows[0])) if any(r[i] is not None and np.isfinite(r[i]) for r in rows)]
+    lines += ["| head | " + " | ".join(f"P̄[{i}, p({i})]" for i in cols) + " |",
+              "|---|" + "---|" * len(cols)]
+    lines += [f"| {h} | " + " | ".join(_fmt(r[i]) for i in cols) + " |" for h, r in enumerate(rows)]
+    return lines
 
 
 def write_report(out_dir, report: dict) -> None:
