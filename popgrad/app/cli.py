@@ -1,8 +1,8 @@
 """Command-line interface: parsing only; the jobs are in :mod:`popgrad.app.jobs`.
 
-``popgrad run`` -- the main job: build a task, run Algorithm 1 exactly, check
-every theorem, write ``report.json``, ``report.md``, ``trajectory.npz`` and
-figures into ``--out``. Settings come from built-in defaults, then
+``popgrad run`` -- the main job: build a task, run Algorithm 1 exactly (or train
+the full transformer, ``--model catformer``), check every theorem, write
+``report.json``, ``report.md``, ``trajectory.npz`` and figures into ``--out``. Settings come from built-in defaults, then
 ``--config FILE.toml``, then flags (flags win).
 
 ``popgrad summary`` -- print a task's graph, prior diagnostics and sizes.
@@ -103,7 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="popgrad", description="Exact population gradients for causal-structure learning.")
     p.add_argument("--version", action="version", version=f"popgrad {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run Algorithm 1 exactly, check the theorems, write a report")
+    r = sub.add_parser("run", help="run Algorithm 1 exactly (or --model catformer), check the theorems, "
+                                       "write a report")
     _add_task_flags(r)
     r.add_argument("--beta0", type=_arg("beta0"), help="A2(0) = beta0 * I (default 1e-3)")
     r.add_argument("--lr1", type=_arg("lr1"), help="Stage-1 rate, natural units: eta1 = lr1*S*T/beta0 (default 2)")
