@@ -2,8 +2,9 @@
 
 ``popgrad run`` -- the main job: build a task, run Algorithm 1 exactly (or train
 the full transformer, ``--model catformer``), check every theorem, write
-``report.json``, ``report.md``, ``trajectory.npz`` and figures into ``--out``. Settings come from built-in defaults, then
-``--config FILE.toml``, then flags (flags win).
+``report.json``, ``report.md``, ``trajectory.npz`` and figures into ``--out``.
+Settings come from built-in defaults, then ``--config FILE.toml``, then flags
+(flags win): :func:`popgrad.app.config.resolve`.
 
 ``popgrad summary`` -- print a task's graph, prior diagnostics and sizes.
 
