@@ -235,8 +235,7 @@ def fraction_section(quick, lines):
 
 def main():
     global ARGS
-    p = parser(__doc__, "examples_out/finite_samples")
-    p.add_argument("--quick", action="store_true", help="small sweeps (smoke test)")
+    p = parser(__doc__, "examples_out/finite_samples", quick_help="small sweeps (smoke test)")
     ARGS = p.parse_args()
     ensure_out(ARGS.out)
     t0 = time.perf_counter()
