@@ -60,11 +60,10 @@ def compare_with_algorithm1(task, model, params, steps1, path):
 
 
 def main():
-    p = parser(__doc__, "examples_out/catformer_figure2")
+    p = parser(__doc__, "examples_out/catformer_figure2", quick_help="T = 6, 60 steps (smoke test)")
     p.add_argument("--T", type=int, default=8)
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--alpha", type=float, default=0.1)
-    p.add_argument("--quick", action="store_true", help="T = 6, 60 steps (smoke test)")
     args = p.parse_args()
     out = ensure_out(args.out)
     S = 3

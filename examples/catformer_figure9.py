@@ -30,18 +30,17 @@ from popgrad.app.plots import save_figure
 from popgrad.checks import catformer as cc
 
 from _catformer import write
-from _common import ensure_out, parser
+from _common import ensure_out, finite_stats, parser
 
 OFFICIAL = (0.84, 0.05)  # mean ± sd over 20 graphs, official sampled training (S = 3, T = 20, 2^14 steps)
 
 
 def main():
-    p = parser(__doc__, "examples_out/catformer_figure9")
+    p = parser(__doc__, "examples_out/catformer_figure9", quick_help="T = 6, 3 graphs, 40 steps (smoke test)")
     p.add_argument("--T", type=int, default=7)
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--graphs", type=int, default=20)
     p.add_argument("--alpha", type=float, default=0.1)
-    p.add_argument("--quick", action="store_true", help="T = 6, 3 graphs, 40 steps (smoke test)")
     args = p.parse_args()
     out = ensure_out(args.out)
     S = 3
@@ -64,13 +63,13 @@ def main():
         print(f"graph {g}: parents {task.graph.to_string()}, loss {traj.loss[-1]:.4f} "
               f"(Bayes {losses[-1][1]:.4f}), {time.perf_counter() - t0:.0f} s", flush=True)
     seconds = time.perf_counter() - t0
-    per_graph_pos = np.nanmean(pos_attn, axis=1)
-    per_graph_pop = np.nanmean(pop_attn, axis=1)
+    per_graph_pos = finite_stats(pos_attn, axis=1)[0]
+    per_graph_pop = finite_stats(pop_attn, axis=1)[0]
     pos = np.arange(T)
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for arr, lab, c in ((pos_attn, "positional block (official metric), exact", "tab:blue"),
                         (pop_attn, "population-average attention, exact", "tab:green")):
-        mean, sd = np.nanmean(arr, axis=0), np.nanstd(arr, axis=0)
+        mean, sd = finite_stats(arr, axis=0)[:2]
         ok = np.isfinite(mean)
         ax.errorbar(pos[ok], mean[ok], yerr=sd[ok], fmt="o-", capsize=3, color=c, label=lab)
     ax.axhline(OFFICIAL[0], color="tab:red", ls=":", label=f"official sampled (S=3, T=20): {OFFICIAL[0]}")

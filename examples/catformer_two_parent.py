@@ -35,12 +35,11 @@ from _common import ensure_out, parser
 
 
 def main():
-    p = parser(__doc__, "examples_out/catformer_two_parent")
+    p = parser(__doc__, "examples_out/catformer_two_parent", quick_help="T = 6, 100 steps, 1 seed (smoke test)")
     p.add_argument("--T", type=int, default=10)
     p.add_argument("--steps", type=int, default=4096)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--alpha", type=float, default=0.1)
-    p.add_argument("--quick", action="store_true", help="T = 6, 100 steps, 1 seed (smoke test)")
     args = p.parse_args()
     out = ensure_out(args.out)
     S = 2

@@ -1,9 +1,10 @@
 """Command-line interface: parsing only; the jobs are in :mod:`popgrad.app.jobs`.
 
-``popgrad run`` -- the main job: build a task, run Algorithm 1 exactly, check
-every theorem, write ``report.json``, ``report.md``, ``trajectory.npz`` and
-figures into ``--out``. Settings come from built-in defaults, then
-``--config FILE.toml``, then flags (flags win).
+``popgrad run`` -- the main job: build a task, run Algorithm 1 exactly (or train
+the full transformer, ``--model catformer``), check every theorem, write
+``report.json``, ``report.md``, ``trajectory.npz`` and figures into ``--out``.
+Settings come from built-in defaults, then ``--config FILE.toml``, then flags
+(flags win): :func:`popgrad.app.config.resolve`.
 
 ``popgrad summary`` -- print a task's graph, prior diagnostics and sizes.
 
@@ -26,18 +27,21 @@ import sys
 from .. import __version__
 from .._signals import Terminated, cli_session, is_cli_process, say, sigint_seen
 from ..train.config import GRADIENTS, SCHEDULES, STAGE2_METHODS
-from .config import check_value, load_config_file, resolve
-from .jobs import DEFAULTS, EXIT_DIVERGED, build_task, run
+from ..train.optim import LR_SCHEDULES, OPTIMIZERS
+from .config import ARG_SPECS, CATFORMER_DEFAULTS, DEFAULTS, MODELS, check_value, load_config_file, merge, resolve
+from .jobs import EXIT_DIVERGED, run
+from .kinds import build_task
 
 
 # ------------------------------------------------------------------ config
-def resolve_config(args) -> dict:
-    """Defaults, then ``--config FILE.toml``, then flags (flags win): :func:`popgrad.app.config.resolve`."""
+def resolve_config(args, settle: bool = True):
+    """Defaults, then ``--config FILE.toml``, then flags (flags win): :func:`popgrad.app.config.resolve`
+    (the frozen :class:`~popgrad.app.config.RunConfig`), or the merged dict (``settle=False``)."""
     values = load_config_file(args.config) if args.config is not None else {}
-    flags = {k: getattr(args, k) for k in DEFAULTS if getattr(args, k, None) is not None}
+    flags = {k: getattr(args, k) for k in ARG_SPECS if getattr(args, k, None) is not None}
     given = set(values) | set(flags)
     values.update(flags)
-    return resolve(values, given)
+    return resolve(values, given) if settle else merge(values, given)
 
 
 # ------------------------------------------------------------------ parser
@@ -100,7 +104,8 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="popgrad", description="Exact population gradients for causal-structure learning.")
     p.add_argument("--version", action="version", version=f"popgrad {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run Algorithm 1 exactly, check the theorems, write a report")
+    r = sub.add_parser("run", help="run Algorithm 1 exactly (or --model catformer), check the theorems, "
+                                       "write a report")
     _add_task_flags(r)
     r.add_argument("--beta0", type=_arg("beta0"), help="A2(0) = beta0 * I (default 1e-3)")
     r.add_argument("--lr1", type=_arg("lr1"), help="Stage-1 rate, natural units: eta1 = lr1*S*T/beta0 (default 2)")
@@ -126,6 +131,23 @@ def _parser() -> argparse.ArgumentParser:
                    help="checkpoint every N steps (default 100)")
     r.add_argument("--sweep", dest="sweep", action="store_true", default=None, help="run the T sweeps (default)")
     r.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the T sweeps")
+    c = CATFORMER_DEFAULTS
+    r.add_argument("--model", choices=MODELS, help="reduced: the paper's two-layer model (Algorithm 1, or k heads "
+                                                   "for a multi-parent graph; the default); catformer: the full "
+                                                   "disentangled transformer, trained jointly (the flags below)")
+    r.add_argument("--heads", type=_arg("heads"), help=f"catformer: heads per layer, e.g. 2,1 (default {c['heads']})")
+    r.add_argument("--optimizer", choices=OPTIMIZERS, help=f"catformer: the official optimizers on the exact "
+                                                           f"gradient (default {c['optimizer']})")
+    r.add_argument("--lr", type=_arg("lr"), help=f"catformer: peak learning rate (default {c['lr']:g})")
+    r.add_argument("--lr-schedule", dest="lr_schedule", choices=LR_SCHEDULES,
+                   help=f"catformer: optax.cosine_decay_schedule(lr, steps) or constant (default {c['lr_schedule']})")
+    r.add_argument("--weight-decay", dest="weight_decay", type=_arg("weight_decay"),
+                   help="catformer: weight decay (sgd/adam coupled, adamw decoupled; default 0)")
+    r.add_argument("--init-scale", dest="init_scale", type=_arg("init_scale"),
+                   help="catformer: start every Ã at init-scale * N(0, 1), W = 0 (default 0: the zero start)")
+    r.add_argument("--init-seed", dest="init_seed", type=_arg("init_seed"), help="catformer: seed of the start "
+                                                                                "(default 0)")
+    r.add_argument("--steps", type=_arg("steps"), help=f"catformer: optimizer steps (default {c['steps']})")
     r.add_argument("--out", help="output folder (default popgrad_out)")
     r.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.npz")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -188,7 +210,7 @@ def _command(args) -> int:
         return main_sweep(args)
     out = None
     try:
-        cfg = resolve_config(args)
+        cfg = resolve_config(args, settle=args.command != "summary")
         out = cfg.get("out")
         if args.command == "summary":
             task = build_task(cfg)

@@ -15,7 +15,11 @@ switches the backend (a notebook's backend is left alone). Every figure takes
 * :func:`plot_attention_to_parent` -- attention on the parent per position;
 * :func:`plot_head_attention` -- k-head first layer: each head's
   ``softmax(A1^h)`` beside the adjacency of each parent slot (multi-parent tasks);
-* :func:`plot_head_attention_to_parent` -- per head, attention on its slot's parent.
+* :func:`plot_head_attention_to_parent` -- per head, attention on its slot's parent;
+* :func:`plot_population_attention` -- the full model: each head's exact population-average
+  layer-1 attention beside the true graph (Figures 2 / 7 style);
+* :func:`plot_parent_attention_per_position` -- the full model: attention to the parent per
+  position and head, at the start and at the end.
 """
 from __future__ import annotations
 
@@ -32,7 +36,8 @@ from ..model.multihead import head_attention
 from ..model.reduced import first_layer_attention
 
 __all__ = ["plot_attention", "plot_loss", "plot_cosine", "plot_attention_to_parent", "save_figure",
-           "plot_head_attention", "plot_head_attention_to_parent", "run_context", "new_figure"]
+           "plot_head_attention", "plot_head_attention_to_parent", "run_context", "new_figure",
+           "plot_population_attention", "plot_parent_attention_per_position"]
 
 #: Label of every attention colorbar.
 ATTENTION_LABEL = "attention weight softmax(A1)[i, j]"
@@ -97,7 +102,7 @@ def plot_loss(trajectory, references: dict, path, context: str = "") -> None:
     """
     fig, ax = new_figure(figsize=(6.5, 4))
     ok = np.isfinite(trajectory.loss)
-    sampled = ok & np.isfinite(trajectory.loss_se)
+    sampled = ok & np.isfinite(getattr(trajectory, "loss_se", np.full(len(ok), np.nan)))
     exact = ok & ~sampled
     if exact.any():
         ax.plot(trajectory.step[exact], trajectory.loss[exact], color="k", lw=1.5, label="exact loss L(θ)")
@@ -118,10 +123,12 @@ def plot_loss(trajectory, references: dict, path, context: str = "") -> None:
             continue
         kind = v.get("kind", "exact") if isinstance(v, dict) else "exact"
         se = f" ± {v['se']:.1g}" if kind == "sampled" and v.get("se") is not None else ""
+        if isinstance(v, dict) and "smoothing" in v:  # the full model's count estimator: (f + ε)/(1 + Sε)
+            label = label.replace(tag, "") + f" (smoothed, ε = {v['smoothing']:.3g})"
         ax.axhline(value, ls="-" if key == "L_floor_eps" else "--", lw=1.0 if key == "L_floor_eps" else 1.2,
                    color=color, label=f"{label} = {value:.4f}{se} ({kind})")
-    s1 = trajectory.config.steps1
-    if trajectory.config.schedule == "two-stage" and 0 < s1 < trajectory.step[-1]:
+    s1 = getattr(trajectory.config, "steps1", 0)
+    if getattr(trajectory.config, "schedule", "") == "two-stage" and 0 < s1 < trajectory.step[-1]:
         ax.axvline(s1, color="grey", lw=0.8, ls=":", label="end of Stage 1")
     ax.set_xlabel("step")
     _integer_axis(ax.xaxis)
@@ -223,6 +230,58 @@ def plot_head_attention_to_parent(trajectory, graph, path, context: str = "") ->
         _integer_axis(ax.xaxis)
         ax.legend(fontsize=7, loc="lower right", framealpha=0.6)
     axes[-1, 0].set_xlabel("position i (rows with parents; T-1: the target's parent)")
+    if context:
+        axes[0, 0].set_title(context, fontsize=9)
+    save_figure(fig, path)
+
+
+def _true_graph(graph):
+    """``[(adjacency, name)]``: the adjacency of a single-parent graph, or one per parent slot."""
+    if getattr(graph, "k", 1) > 1:
+        return [(graph.adjacency(h), f"parent slot {h} (row T-1: target's parent)") for h in range(graph.k)]
+    return [(graph.adjacency(), "true adjacency (row = child)")]
+
+
+def plot_population_attention(graph, P, path, context: str = "") -> None:
+    """Full model: row ``h`` shows head ``h``'s population-average layer-1 attention ``P[h]`` (shape
+    ``(m, T, T)``, :func:`popgrad.checks.catformer.population_attention`) beside the true graph."""
+    P = np.asarray(P)
+    m = P.shape[0]
+    truth = _true_graph(graph)
+    fig, axes = new_figure(m, 1 + len(truth), figsize=(4.5 * (1 + len(truth)), 4.2 * m), squeeze=False)
+    im = None
+    for h in range(m):
+        panels = [(P[h], f"head {h}: population-average attention")] + truth
+        for ax, (M, name) in zip(axes[h], panels):
+            im = ax.imshow(M, vmin=0, vmax=1, cmap="viridis")
+            ax.set_title(name, fontsize=9)
+            ax.set_xlabel("key position j")
+            ax.set_ylabel("query position i")
+            _integer_axis(ax.xaxis)
+            _integer_axis(ax.yaxis)
+    fig.colorbar(im, ax=axes, shrink=0.6, label="attention weight E_s[softmax(x Ã1 xᵀ)][i, j]")
+    if context:
+        fig.suptitle(context, fontsize=10)
+    save_figure(fig, path)
+
+
+def plot_parent_attention_per_position(graph, first, last, last_step: int, path, context: str = "") -> None:
+    """Full model: ``P̄[h, i, p(i)]`` per non-root position ``i`` and head ``h`` (``first``, ``last``:
+    shape ``(m, T)``), at step 0 and at ``last_step``."""
+    first, last = np.asarray(first), np.asarray(last)
+    m = first.shape[0]
+    nr = np.asarray(graph.non_roots)
+    fig, axes = new_figure(m, 1, figsize=(6.5, 2.8 * m), squeeze=False)
+    for h in range(m):
+        ax = axes[h, 0]
+        ax.bar(nr - 0.2, first[h, nr], width=0.4, label="step 0", color="lightgrey")
+        ax.bar(nr + 0.2, last[h, nr], width=0.4, label=f"step {last_step}")
+        ax.axhline(1 - 1 / graph.T, ls="--", color="k", lw=0.8, label="1 - 1/T")
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel(f"head {h}: P̄[i, p(i)]")
+        _integer_axis(ax.xaxis)
+        ax.legend(fontsize=7, loc="lower right", framealpha=0.6)
+    axes[-1, 0].set_xlabel("position i (non-roots)")
     if context:
         axes[0, 0].set_title(context, fontsize=9)
     save_figure(fig, path)

@@ -31,7 +31,7 @@ _TAGS = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "not_ap
 
 #: What each reference loss is (report.md).
 REFERENCE_LABELS = {
-    "eps": "ε, the loss perturbation (T_eff^-1/2)",
+    "eps": "ε, the loss perturbation (T_eff^-1/2; 0 for the full model's softmax readout)",
     "L_star": "L*: the oracle that knows π, ε = 0",
     "L_bayes": "L_Bayes = H(y \\| s), ε = 0",
     "L_star_eps": "L*_ε: the oracle's ε-loss (not a bound; < 0 when π + ε > 1)",
@@ -69,7 +69,8 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
     hyp = measure_hypotheses(task)
     ok = np.flatnonzero(np.isfinite(trajectory.loss))
     last = int(ok[-1]) if ok.size else None
-    final_se = float(trajectory.loss_se[last]) if last is not None else float("nan")
+    loss_se = getattr(trajectory, "loss_se", None)  # the full model's losses are all exact
+    final_se = float(loss_se[last]) if last is not None and loss_se is not None else float("nan")
     sampled = last is not None and np.isfinite(final_se)
     return _jsonable(
         {
@@ -97,7 +98,7 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
                 "final_loss": float(trajectory.loss[last]) if last is not None else None,
                 "final_loss_kind": ("sampled" if sampled else "exact") if last is not None else None,
                 "final_loss_se": final_se if sampled else None,
-                "stage2_samples": int(trajectory.stage2_samples),
+                "stage2_samples": int(getattr(trajectory, "stage2_samples", 0)),
             },
             "checks": [c.to_dict() for c in checks],
             "all_passed": all_passed(checks),
@@ -221,6 +222,7 @@ def render_markdown(report: dict) -> str:
             f"Fitted exponent of L_ε(θ̂) - L*_ε against T_eff: {_fmt(sweep['fitted_exponent'])} "
             f"± {_fmt(sweep['fitted_exponent_stderr'])} (standard error).",
         ]
+    lines += _catformer_section(report.get("catformer"))
     lines += ["", "## Details", ""]
     for c in report["checks"]:
         lines.append(f"### {c['name']}")
@@ -239,6 +241,23 @@ def render_markdown(report: dict) -> str:
             lines.append(f"- {k}: {v}")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _catformer_section(cat) -> list:
+    """The full model's section of report.md: final loss against the references, attention to the parent."""
+    if not cat:
+        return []
+    ex = cat["excess_over"]
+    lines = ["", "## The full model (population-average layer-1 attention)", "",
+             f"Heads per layer {tuple(cat['heads'])}; final loss {_fmt(cat['final_loss'])}; final loss minus the "
+             f"Bayes loss {_fmt(ex['bayes'])}, minus the exact floor {_fmt(ex['floor'])}, minus the (smoothed) "
+             f"count estimator {_fmt(ex['count_estimator'])}.", ""]
+    rows = cat["attention_to_parent_per_position"]
+    cols = [i for i in range(len(rows[0])) if any(r[i] is not None and np.isfinite(r[i]) for r in rows)]
+    lines += ["| head | " + " | ".join(f"P̄[{i}, p({i})]" for i in cols) + " |",
+              "|---|" + "---|" * len(cols)]
+    lines += [f"| {h} | " + " | ".join(_fmt(r[i]) for i in cols) + " |" for h, r in enumerate(rows)]
+    return lines
 
 
 def write_report(out_dir, report: dict) -> None:

@@ -6,7 +6,7 @@ pandas DataFrame).
 
 The spec (a TOML file or the same structure as a dict) has three optional
 sections; every key is a key of ``popgrad run``'s config file
-(:data:`popgrad.app.jobs.DEFAULTS`, each value checked by
+(:data:`popgrad.app.config.DEFAULTS`, each value checked by
 :func:`popgrad.app.config.check_value`, the validator of the flags and config files)::
 
     [fixed]            # values shared by every cell
@@ -23,7 +23,7 @@ sections; every key is a key of ``popgrad run``'s config file
 Cell order: the product of the axes in the order they are written, the last
 axis fastest, then the explicit cells. Without ``[axes]`` and ``[[cells]]``
 the sweep is the single cell ``[fixed]``. Each cell's config is resolved
-like ``popgrad run --config``: :data:`popgrad.app.jobs.DEFAULTS`, the k-head
+like ``popgrad run --config``: :data:`popgrad.app.config.DEFAULTS`, the k-head
 defaults for ``graph = "ngram" | "two-parent"`` (unless set), then the
 cell's values.
 
@@ -32,7 +32,7 @@ keys, ``out`` / ``resume`` (the sweep owns its outputs), wrong types, empty or
 duplicate axis values, a key both in ``[fixed]`` and ``[axes]``, two cells with
 the same resolved config, and every cell's task and training settings built
 through the checks of ``popgrad run`` (ranges of S and T, S**T limit, graph
-strings, rates, steps, ...). Each problem is one :class:`popgrad.app.jobs.CLIError`
+strings, rates, steps, ...). Each problem is one :class:`popgrad.app.config.CLIError`
 line; the CLI exits with status 2.
 
 Outputs in ``DIR``:
@@ -108,8 +108,8 @@ from collections.abc import Mapping
 from .._io import FolderLock, atomic_path, atomic_write_text, check_output_dir, clear_stale
 from .._signals import Terminated, say, shield_children, sigint_seen
 from . import jobs
-from .config import ARG_SPECS, checked, load_toml, resolve
-from .jobs import DEFAULTS, CLIError, CLITypeError
+from .config import ARG_SPECS, DEFAULTS, CLIError, CLITypeError, checked, load_toml, merge, settle
+from .scheduler import check_scheduler_address, connect_scheduler
 from .report import versions
 
 __all__ = ["sweep", "load_spec", "expand", "cell_id", "run_cell", "summary_row", "main_sweep", "cached_row",
@@ -154,9 +154,9 @@ def cell_id(cfg: dict) -> str:
 
 def resolve_cell(values: dict) -> dict:
     """A cell's full config, resolved as ``popgrad run --config`` resolves a file
-    (:func:`popgrad.app.config.resolve`: defaults, k-head defaults unless given, the values,
+    (:func:`popgrad.app.config.merge`: defaults, k-head defaults unless given, the values,
     conflicts refused); without ``out``."""
-    cfg = resolve(values)
+    cfg = merge(values)
     cfg.pop("out")
     return cfg
 
@@ -167,9 +167,7 @@ def validate_cell(cfg: dict) -> dict:
     Returns ``cfg`` with ``T`` set from the graph (a parents string fixes ``T``).
     """
     cfg = dict(cfg)
-    resolved = dict(cfg)
-    jobs.validate_config(resolved)  # popgrad run's checks; resolves "auto" methods in the copy only
-    cfg["T"] = resolved["T"]  # a parents string fixes T
+    cfg["T"] = settle(cfg)["T"]  # popgrad run's checks; a parents string fixes T ("auto" stays in the cell)
     return cfg
 
 
@@ -247,7 +245,8 @@ def _scalar(v):
 
 def summary_row(cfg: dict, report: dict | None = None, error: str = "", versions: dict | None = None) -> dict:
     """The flat results row of one cell: config, status, checks, references, timings, versions."""
-    row = {"cell_id": cell_id(cfg), **{k: cfg[k] for k in CONFIG_KEYS}}
+    row = {"cell_id": cell_id(cfg), **{k: cfg.get(k) for k in CONFIG_KEYS},  # --model catformer: its own keys
+           **{k: v for k, v in cfg.items() if k not in CONFIG_KEYS and k != "out"}}
     row["status"] = "ok" if report is not None else "failed"
     row["error"] = "" if report is not None else error
     if report is not None:
@@ -341,9 +340,8 @@ def cached_report(cell_dir: str, cfg: dict) -> dict | None:
     if not isinstance(conf, dict):
         return None
     conf = {k: v for k, v in conf.items() if k != "out"}
-    resolved = dict(cfg)
     try:
-        jobs.validate_config(resolved)  # the report holds the resolved methods ("auto" -> exact/field/sampled)
+        resolved = dict(settle(cfg))  # the report holds the resolved methods ("auto" -> exact/field/sampled)
     except (ValueError, CLIError):
         return None
     want = json.loads(json.dumps(resolved))
@@ -414,7 +412,7 @@ def check_workers(workers, n_cells: int | None = None):
 
 def _start_client(scheduler, workers, n_cells, worker_timeout, log):
     if scheduler:
-        return jobs.connect_scheduler(scheduler, worker_timeout, log), None
+        return connect_scheduler(scheduler, worker_timeout, log), None
     from dask.distributed import Client, LocalCluster
 
     from ..engine.distributed import worker_env
@@ -463,7 +461,7 @@ def sweep(spec, client=None, out: str = "sweep_out", *, scheduler: str | None = 
 
     Writes ``out/cells/<cell-id>/`` and ``out/results.csv``; cells already done are not rerun.
     ``out`` is locked for the sweep (a second sweep into it is refused). Raises
-    :class:`popgrad.app.jobs.CLIError` (a ``ValueError``; :class:`~popgrad.app.jobs.CLITypeError`,
+    :class:`popgrad.app.config.CLIError` (a ``ValueError``; :class:`~popgrad.app.config.CLITypeError`,
     also a ``TypeError``, for a value of the wrong type) for a bad spec or options, before
     anything is written or any cluster is started.
     """
@@ -472,7 +470,7 @@ def sweep(spec, client=None, out: str = "sweep_out", *, scheduler: str | None = 
     out = check_output_dir(out, "--out", ("results.csv",))
     workers = check_workers(workers)
     if scheduler is not None:
-        scheduler = jobs.check_scheduler_address(scheduler)
+        scheduler = check_scheduler_address(scheduler)
         if client is not None or workers is not None:
             raise CLIError("--scheduler connects to an existing cluster: give neither a client nor --workers with it")
     if client is not None:

@@ -9,10 +9,12 @@
 * :mod:`.sampled` -- checks beyond enumeration from a fixed sample (``kind="sampled"``, with standard errors);
 * :mod:`.sample_complexity` -- finite samples from the exact gradient noise: Stage-1 ``N_min`` (Gaussian
   limit, simulated), the linear-response spread of SGD around the exact run;
+* :mod:`.catformer` -- checks of a trained full model (population attention, graph recovery, head
+  specialization, induction head);
 * :mod:`._kernels` -- numba kernels of the OOD check.
 """
-from .hypotheses import GAMMA_MIN, NEEDS, Hypotheses, Hypothesis, measure_hypotheses, within_hypotheses
 from . import catformer
+from .hypotheses import GAMMA_MIN, NEEDS, Hypotheses, Hypothesis, measure_hypotheses, within_hypotheses
 from .results import (RATE_EXPONENT, STATUSES, CheckResult, SweepFit, all_passed, fit_power_law, inconclusive,
                       not_applicable, rate_status)
 from .stage2 import Stage2Optimum, converge_stage2, converged_loss_sweep

@@ -49,7 +49,7 @@ import numpy as np
 
 from .._validation import ArgumentTypeError
 from . import single as _single
-from .blocks import Partials, concat_partials
+from .blocks import BlockJob, Partials, concat_partials
 
 __all__ = ["run_blocks", "check_client", "chunk_bounds", "worker_stats", "clear_worker_caches",
            "prepare_worker", "worker_env", "MISSING"]
@@ -223,8 +223,8 @@ def _run_chunk(fp, task, run, job, lo, hi):
         return MISSING
     prepare_worker()
     loss, G, dA2 = run(held, job, lo, hi)
-    if not job.want_grad:  # a loss-only job ships no gradient slots (the finish only sums the losses)
-        G, dA2 = (np.zeros(a.shape[:-2] + (1, 1)) if a.ndim >= 3 else a for a in (G, dA2))
+    if not job.want_grad and isinstance(job, BlockJob):  # a loss-only job ships no gradient slots
+        G, dA2 = np.zeros(G.shape[:-2] + (1, 1)), np.zeros(dA2.shape[:-2] + (1, 1))
     return loss, G, dA2
 
 

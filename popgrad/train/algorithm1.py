@@ -29,13 +29,14 @@ from dataclasses import replace
 
 import numpy as np
 
+from .._validation import ArgumentTypeError
 from ..engine.api import exact_loss, exact_loss_and_grad
 from ..engine.field import field_grad_A1, stage1_field
 from ..engine.sampled import SampledObjective, default_samples, estimate
 from ..engine.single import rows_loss_and_grad, rows_losses
 from ..task.tasks import Task, TaskTooLargeError, check_task
 from ..theory.information import has_idealized_gradient, idealized_grad_A1
-from .config import TrainConfig
+from .config import TrainConfig, resolve_auto
 from .loop import StepValues, run_schedule, start_state
 from .trajectory import Trajectory, attention_to_parent
 
@@ -71,6 +72,7 @@ def train_two_stage(
     sample_seed: int = 0,
     client=None,
     batch_size: int = 0,
+    config: TrainConfig | None = None,
 ) -> Trajectory:
     """Run Algorithm 1 (or joint training) exactly and record the trajectory.
 
@@ -83,7 +85,7 @@ def train_two_stage(
         Learning rates in natural units: ``η1 = lr1·S·T/β0``, ``η2 = lr2·S``.
     steps1, steps2 : int
         ``τ1`` and ``τ2``.
-    gradient : {"exact", "field", "idealized", "sgd"}
+    gradient : {"exact", "field", "idealized", "sgd", "auto"}
         Stage-1 gradient. ``"sgd"``: minibatch SGD in both stages (and joint
         training): step ``t`` draws a fresh batch ``task.sample(batch_size,
         SeedSequence([sample_seed, t]))`` and follows the gradient of its mean
@@ -131,6 +133,9 @@ def train_two_stage(
         Seed of the Stage-2 sample, or of the SGD batches.
     batch_size : int
         Samples per SGD step (``gradient="sgd"`` only; the paper's code uses 1024).
+    config : TrainConfig, optional
+        Every setting at once (``popgrad run`` passes its resolved one); the keyword settings
+        ``beta0 … batch_size`` are then unused. ``"auto"`` in it is resolved by the same rule.
     client : dask.distributed.Client, optional
         Split every exact enumeration over its workers (:mod:`popgrad.engine.distributed`;
         bit-identical to ``None``, this process).
@@ -141,15 +146,16 @@ def train_two_stage(
     """
     check_task(task, Task, "train_two_stage (train_multi_head trains k-parent tasks)")
     enumerable = task.enumerable
-    if stage2 == "auto":
-        stage2 = "exact" if enumerable or steps2 == 0 else "sampled"
-    if samples is None:
-        samples = 0
-    cfg = TrainConfig(
-        beta0=beta0, lr1=lr1, steps1=steps1, lr2=lr2, steps2=steps2, gradient=gradient,
-        schedule=schedule, record_every=record_every, eps=eps, divergence_patience=divergence_patience,
-        stage2=stage2, samples=samples, sample_seed=sample_seed, batch_size=batch_size,
-    ).validate()
+    if config is None:
+        config = TrainConfig(
+            beta0=beta0, lr1=lr1, steps1=steps1, lr2=lr2, steps2=steps2, gradient=gradient,
+            schedule=schedule, record_every=record_every, eps=eps, divergence_patience=divergence_patience,
+            stage2=stage2, samples=0 if samples is None else samples, sample_seed=sample_seed, batch_size=batch_size,
+        )
+    elif type(config) is not TrainConfig:
+        raise ArgumentTypeError(f"config must be a popgrad.TrainConfig, got {type(config).__name__}")
+    gradient, stage2 = resolve_auto(config.gradient, config.stage2, enumerable, config.steps2)
+    cfg = replace(config, gradient=gradient, stage2=stage2).validate()
     sampled = cfg.stage2 == "sampled" and cfg.steps2 > 0
     if not enumerable and cfg.gradient != "sgd" and (cfg.gradient == "exact" or (cfg.steps2 > 0 and not sampled) or cfg.schedule == "joint"):
         what = ("Exact Stage 2 (steps2 > 0)" if cfg.steps2 > 0 else "Joint training") if cfg.gradient != "exact" \

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from .._validation import as_int, as_real
 from ..task.tasks import Task
 
-__all__ = ["GRADIENTS", "TRAIN_GRADIENTS", "SCHEDULES", "STAGE2_METHODS", "TrainConfig", "MultiHeadTrainConfig"]
+__all__ = ["GRADIENTS", "TRAIN_GRADIENTS", "SCHEDULES", "STAGE2_METHODS", "TrainConfig", "MultiHeadTrainConfig",
+           "resolve_auto"]
 
 
 #: Stage-1 gradients: the exact one (enumeration), the exact first-order field (DESIGN §12, any T),
@@ -33,6 +34,20 @@ SCHEDULES = ("two-stage", "joint")
 #: Stage-2 methods: ``"exact"`` (enumeration) or ``"sampled"`` (sample-average approximation on a fixed
 #: sample, :mod:`popgrad.engine.sampled`; every loss it gives is an estimate with a standard error).
 STAGE2_METHODS = ("exact", "sampled")
+
+
+def resolve_auto(gradient: str, stage2: str, enumerable: bool, steps2: int) -> tuple:
+    """``(gradient, stage2)`` with ``"auto"`` resolved: the one rule (``train_two_stage`` and ``popgrad run``).
+
+    ``gradient="auto"``: ``"exact"`` when the task can be enumerated, else ``"field"`` (the exact
+    first-order Stage-1 gradient, any T). ``stage2="auto"``: ``"exact"`` when the task can be
+    enumerated or there is no Stage 2 (``steps2 == 0``), else ``"sampled"``.
+    """
+    if gradient == "auto":
+        gradient = "exact" if enumerable else "field"
+    if stage2 == "auto":
+        stage2 = "exact" if enumerable or steps2 == 0 else "sampled"
+    return gradient, stage2
 
 
 @dataclass(frozen=True)
@@ -103,9 +118,15 @@ class MultiHeadTrainConfig(TrainConfig):
     """:class:`TrainConfig` of a k-head run (:func:`popgrad.train_multi_head`): adds the seeded start.
 
     ``A1^h(0) = init_scale · N(0, 1)`` from ``numpy.random.default_rng(init_seed)``;
-    ``gradient`` must be ``"exact"``.
+    ``gradient`` must be ``"exact"``. Its defaults are those of :func:`popgrad.train_multi_head`
+    and of ``popgrad run`` on a multi-parent graph (one value each): joint training from
+    ``β0 = 2`` for 3000 steps.
     """
 
+    beta0: float = 2.0
+    steps1: int = 3000
+    steps2: int = 0
+    schedule: str = "joint"
     init_seed: int = 0
     init_scale: float = 0.1
 

@@ -373,11 +373,11 @@ def run_schedule(task, cfg, state, evaluate, attention=None, *, eta1=None, eta2=
 
     ``evaluate(t, stage, record) -> StepValues`` computes what step ``t``
     needs at the state's current arrays. The loop records (the scheme's
-    ``record``), stops on divergence (non-finite values, or
-    ``divergence_patience`` consecutive loss increases, or as many steps more
-    than :data:`DIVERGENCE_RTOL` above the lowest loss, or a final loss more than
-    :data:`DIVERGENCE_RTOL` above the lowest), applies the scheme's
-    update, writes checkpoints and returns the scheme's result.
+    ``record``), stops on divergence (non-finite values,
+    ``cfg.divergence_patience`` consecutive loss increases or steps above the
+    lowest loss, or a final loss more than :data:`DIVERGENCE_RTOL` above the
+    lowest), applies the scheme's update, writes checkpoints and returns the
+    scheme's result.
 
     Without ``scheme``: the reduced model (:class:`ReducedScheme` of ``cfg``
     with ``attention(A1)`` the recorded attention-to-parent array and the

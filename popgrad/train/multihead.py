@@ -47,9 +47,9 @@ of :func:`popgrad.train_two_stage` (same machinery).
 """
 from __future__ import annotations
 
-
 import numpy as np
 
+from .._validation import ArgumentTypeError
 from ..engine.api import exact_loss_and_grad
 from ..model.multihead import head_attention
 from ..task.tasks import MultiParentTask, check_task
@@ -98,18 +98,19 @@ def attention_to_slot_parents(graph, A1) -> np.ndarray:
 def train_multi_head(
     task: MultiParentTask,
     *,
-    beta0: float = 2.0,
-    lr1: float = 2.0,
-    steps1: int = 3000,
-    lr2: float = 1.0,
-    steps2: int = 0,
-    schedule: str = "joint",
-    init_seed: int = 0,
-    init_scale: float = 0.1,
+    beta0: float = MultiHeadTrainConfig.beta0,
+    lr1: float = MultiHeadTrainConfig.lr1,
+    steps1: int = MultiHeadTrainConfig.steps1,
+    lr2: float = MultiHeadTrainConfig.lr2,
+    steps2: int = MultiHeadTrainConfig.steps2,
+    schedule: str = MultiHeadTrainConfig.schedule,
+    init_seed: int = MultiHeadTrainConfig.init_seed,
+    init_scale: float = MultiHeadTrainConfig.init_scale,
     A1_init=None,
-    record_every: int = 10,
+    record_every: int = MultiHeadTrainConfig.record_every,
     eps: float | None = None,
-    divergence_patience: int = 100,
+    divergence_patience: int = MultiHeadTrainConfig.divergence_patience,
+    config: MultiHeadTrainConfig | None = None,
     checkpoint_path=None,
     checkpoint_every: int = 0,
     resume: bool = False,
@@ -144,6 +145,9 @@ def train_multi_head(
     divergence_patience : int
         Stop after this many consecutive loss increases (or at once on a
         non-finite loss or parameter).
+    config : MultiHeadTrainConfig, optional
+        Every setting at once (``popgrad run`` passes its resolved one); the keyword settings
+        above are then unused.
     checkpoint_path, checkpoint_every, resume, progress, client
         As in :func:`popgrad.train_two_stage`.
 
@@ -154,11 +158,15 @@ def train_multi_head(
         ``cosine`` NaN; ``config`` is a :class:`MultiHeadTrainConfig`.
     """
     check_task(task, MultiParentTask, "train_multi_head (train_two_stage trains single-parent tasks)")
-    cfg = MultiHeadTrainConfig(
-        beta0=beta0, lr1=lr1, steps1=steps1, lr2=lr2, steps2=steps2, gradient="exact", schedule=schedule,
-        record_every=record_every, eps=eps, divergence_patience=divergence_patience,
-        init_seed=init_seed, init_scale=init_scale,
-    ).validate()
+    if config is None:
+        config = MultiHeadTrainConfig(
+            beta0=beta0, lr1=lr1, steps1=steps1, lr2=lr2, steps2=steps2, gradient="exact", schedule=schedule,
+            record_every=record_every, eps=eps, divergence_patience=divergence_patience,
+            init_seed=init_seed, init_scale=init_scale,
+        )
+    elif not isinstance(config, MultiHeadTrainConfig):
+        raise ArgumentTypeError(f"config must be a popgrad.MultiHeadTrainConfig, got {type(config).__name__}")
+    cfg = config.validate()
     task.check_size()
     state = start_state(task, cfg, checkpoint_path, checkpoint_every, resume)
     if not resume:

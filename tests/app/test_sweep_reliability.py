@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import popgrad
-from popgrad.app import cli, jobs
+from popgrad.app import cli, jobs, scheduler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = {"S": 2, "T": 4, "atoms": 2, "steps1": 5, "steps2": 5, "sweep": False}
@@ -167,7 +167,7 @@ def test_bad_scheduler_address_is_one_line(tmp_path, capsys, command, address, n
 @pytest.mark.parametrize("command", ["run", "sweep"])
 def test_a_server_that_is_not_a_scheduler_is_refused_in_seconds(tmp_path, capsys, monkeypatch, banner, needle,
                                                                   command):
-    monkeypatch.setattr(jobs, "HANDSHAKE_TIMEOUT", 1.0)
+    monkeypatch.setattr(scheduler, "HANDSHAKE_TIMEOUT", 1.0)
     server = _FakeServer(banner)
     try:
         args = (["run", "--S", "2", "--T", "4", "--no-sweep"] if command == "run"
