@@ -27,62 +27,121 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ...task._weights import decode_sequence
+from ...task._weights import decode_sequence, sequence_weight_row, sequence_weight_row_multi
 
 
 @njit(cache=True)
-def _token_weights(s, parents, mu, atoms, prior_w, w, Y2):
-    """``w[c]`` and ``Y2[c, c']`` of one sequence (single-parent process, DESIGN §2)."""
+def _token_weights(s, parents, mu, atoms, prior_w, w, Y2, pc):
+    """``w[c]`` and ``Y2[c, c']`` of one sequence (single-parent process, DESIGN §2).
+
+    Component ``k``'s ``pc[c] = ρ_k p_k(s) π_k(c|q)`` is
+    :func:`~popgrad.task._weights.sequence_weight_row` of that component alone.
+    """
     K, S, _ = atoms.shape
-    T = s.shape[0]
-    q = s[T - 1]
-    for c in range(S):
-        w[c] = 0.0
-        for d in range(S):
-            Y2[c, d] = 0.0
+    q = s[s.shape[0] - 1]
+    _zero_weights(w, Y2)
     for k in range(K):
-        p = prior_w[k] / S
-        for i in range(T - 1):
-            par = parents[i]
-            if par < 0:
-                p *= mu[k, s[i]]
-            else:
-                p *= atoms[k, s[par], s[i]]
-        if p != 0.0:
-            for c in range(S):
-                pc = p * atoms[k, q, c]
-                w[c] += pc
-                for d in range(S):
-                    Y2[c, d] += pc * atoms[k, q, d]
+        sequence_weight_row(s, parents, mu[k:k + 1], atoms[k:k + 1], prior_w[k:k + 1], pc)
+        _add_component(pc, atoms[k, q], w, Y2)
 
 
 @njit(cache=True)
-def _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2):
-    """``w[c]`` and ``Y2[c, c']`` of one sequence (k-parent process, DESIGN §9)."""
+def _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2, pc):
+    """``w[c]`` and ``Y2[c, c']`` of one sequence (k-parent process, DESIGN §9); component ``m``'s
+    ``pc`` is :func:`~popgrad.task._weights.sequence_weight_row_multi` of that component alone."""
     K = atoms.shape[0]
     S = atoms.shape[2]
-    T, k = parents.shape
     rt = 0
-    for h in range(k):
+    for h in range(parents.shape[1]):
         rt = rt * S + s[tp[h]]
+    _zero_weights(w, Y2)
+    for m in range(K):
+        sequence_weight_row_multi(s, parents, tp, atoms[m:m + 1], atoms[m:m + 1], pk0[m:m + 1], pc)
+        _add_component(pc, atoms[m, rt], w, Y2)
+
+
+@njit(cache=True, inline="always")
+def _zero_weights(w, Y2):
+    S = w.shape[0]
     for c in range(S):
         w[c] = 0.0
         for d in range(S):
             Y2[c, d] = 0.0
-    for m in range(K):
-        p = pk0[m]
-        for i in range(T):
-            if parents[i, 0] >= 0:
-                row = 0
-                for h in range(k):
-                    row = row * S + s[parents[i, h]]
-                p *= atoms[m, row, s[i]]
-        if p != 0.0:
-            for c in range(S):
-                pc = p * atoms[m, rt, c]
-                w[c] += pc
-                for d in range(S):
-                    Y2[c, d] += pc * atoms[m, rt, d]
+
+
+@njit(cache=True, inline="always")
+def _add_component(pc, pi, w, Y2):
+    """``w += pc``, ``Y2[c, d] += pc[c] π[d]`` (``pc = ρ p π``, the component's weights)."""
+    S = w.shape[0]
+    for c in range(S):
+        w[c] += pc[c]
+        for d in range(S):
+            Y2[c, d] += pc[c] * pi[d]
+
+
+@njit(cache=True, inline="always")
+def _has_weight(w):
+    """False when the sequence's total weight ``Σ_c w[c]`` is zero (it then adds nothing)."""
+    total = 0.0
+    for c in range(w.shape[0]):
+        total += w[c]
+    return total != 0.0
+
+
+@njit(cache=True, inline="always")
+def _softmax_tokens(s, u, a, f):
+    """``a = softmax(u)`` (shifted by ``max u``) and ``f[c] = Σ_{i: s_i = c} a_i``."""
+    T = s.shape[0]
+    umax = -np.inf
+    for i in range(T):
+        if u[i] > umax:
+            umax = u[i]
+    z = 0.0
+    for i in range(T):
+        a[i] = math.exp(u[i] - umax)
+        z += a[i]
+    for c in range(f.shape[0]):
+        f[c] = 0.0
+    for i in range(T):
+        a[i] /= z
+        f[s[i]] += a[i]
+
+
+@njit(cache=True, inline="always")
+def _forward_single(s, P, A2, V, u, a, f):
+    """Single-head forward pass: ``V_j = A2[q, s_j]``, ``u = P V``, then :func:`_softmax_tokens`."""
+    T = P.shape[0]
+    q = s[T - 1]
+    for j in range(T):
+        V[j] = A2[q, s[j]]
+    for i in range(T):
+        acc = 0.0
+        for j in range(i + 1):
+            acc += P[i, j] * V[j]
+        u[i] = acc
+    _softmax_tokens(s, u, a, f)
+
+
+@njit(cache=True, inline="always")
+def _delta(c, s, a, f, inv, out):
+    """``out[i] = δ^c_i = -a_i([s_i = c] - f_c)·inv`` (``inv = 1/(f_c + ε)``)."""
+    for i in range(s.shape[0]):
+        out[i] = -a[i] * ((1.0 if s[i] == c else 0.0) - f[c]) * inv
+
+
+@njit(cache=True, inline="always")
+def _token_loss_delta(c, s, a, f, w, eps, g, lc, delta):
+    """Zero ``g[c]``; ``lc[c] = ℓ_c``, ``delta = δ^c`` and True -- or ``lc[c] = 0`` and False when
+    ``w[c] = 0`` (then ``Y2[c, c] = Σ ρ p π(c|q)² = 0`` too: token ``c`` never carries weight)."""
+    for a_ in range(g.shape[1]):
+        g[c, a_] = 0.0
+    if w[c] == 0.0:
+        lc[c] = 0.0
+        return False
+    fe = f[c] + eps
+    lc[c] = -math.log(fe)
+    _delta(c, s, a, f, 1.0 / fe, delta)
+    return True
 
 
 @njit(cache=True)
@@ -122,6 +181,7 @@ def _single_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, me
     s = np.empty(T, dtype=np.int64)
     w = np.empty(S)
     Y2 = np.empty((S, S))
+    pc = np.empty(S)
     V = np.empty(T)
     u = np.empty(T)
     a = np.empty(T)
@@ -135,45 +195,16 @@ def _single_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, me
         idx[a_] = a_
     for m in range(b * block, min((b + 1) * block, n_total)):
         decode_sequence(m, S, T, s)
-        _token_weights(s, parents, mu, atoms, prior_w, w, Y2)
-        total = 0.0
-        for c in range(S):
-            total += w[c]
-        if total == 0.0:
+        _token_weights(s, parents, mu, atoms, prior_w, w, Y2, pc)
+        if not _has_weight(w):
             continue
+        _forward_single(s, P, A2, V, u, a, f)
         q = s[T - 1]
-        for j in range(T):
-            V[j] = A2[q, s[j]]
-        umax = -np.inf
-        for i in range(T):
-            acc = 0.0
-            for j in range(i + 1):
-                acc += P[i, j] * V[j]
-            u[i] = acc
-            if acc > umax:
-                umax = acc
-        z = 0.0
-        for i in range(T):
-            a[i] = math.exp(u[i] - umax)
-            z += a[i]
-        for c in range(S):
-            f[c] = 0.0
-        for i in range(T):
-            a[i] /= z
-            f[s[i]] += a[i]
         for c in range(S):
             idx[D1 + c] = D1 + q * S + c
         for c in range(S):
-            for a_ in range(n):
-                g[c, a_] = 0.0
-            if w[c] == 0.0:  # Y2[c, c] = Σ ρ p π(c|q)² = 0 too: token c never carries weight here
-                lc[c] = 0.0
+            if not _token_loss_delta(c, s, a, f, w, eps, g, lc, delta):
                 continue
-            fe = f[c] + eps
-            lc[c] = -math.log(fe)
-            inv = 1.0 / fe
-            for i in range(T):
-                delta[i] = -a[i] * ((1.0 if s[i] == c else 0.0) - f[c]) * inv
             r = 0
             for i in range(T):
                 di = delta[i]
@@ -212,6 +243,7 @@ def _multi_block(b, block, n_total, parents, tp, atoms, pk0, P, A2, eps, mean, M
     s = np.empty(T, dtype=np.int64)
     w = np.empty(S)
     Y2 = np.empty((S, S))
+    pc = np.empty(S)
     H = np.empty((k, T, S))
     kap = np.empty((k, S))
     u = np.empty(T)
@@ -227,11 +259,8 @@ def _multi_block(b, block, n_total, parents, tp, atoms, pk0, P, A2, eps, mean, M
     Grow = np.empty(T)
     for m in range(b * block, min((b + 1) * block, n_total)):
         decode_sequence(m, S, T, s)
-        _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2)
-        total = 0.0
-        for c in range(S):
-            total += w[c]
-        if total == 0.0:
+        _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2, pc)
+        if not _has_weight(w):
             continue
         for hd in range(k):
             for i in range(T):
@@ -244,35 +273,16 @@ def _multi_block(b, block, n_total, parents, tp, atoms, pk0, P, A2, eps, mean, M
                 for bp in range(S):
                     acc += H[hd, T - 1, bp] * A2[hd, bp, c]
                 kap[hd, c] = acc
-        umax = -np.inf
         for i in range(T):
             acc = 0.0
             for hd in range(k):
                 for c in range(S):
                     acc += H[hd, i, c] * kap[hd, c]
             u[i] = acc
-            if acc > umax:
-                umax = acc
-        z = 0.0
-        for i in range(T):
-            a[i] = math.exp(u[i] - umax)
-            z += a[i]
+        _softmax_tokens(s, u, a, f)
         for c in range(S):
-            f[c] = 0.0
-        for i in range(T):
-            a[i] /= z
-            f[s[i]] += a[i]
-        for c in range(S):
-            for a_ in range(n):
-                g[c, a_] = 0.0
-            if w[c] == 0.0:
-                lc[c] = 0.0
+            if not _token_loss_delta(c, s, a, f, w, eps, g, lc, delta):
                 continue
-            fe = f[c] + eps
-            lc[c] = -math.log(fe)
-            inv = 1.0 / fe
-            for i in range(T):
-                delta[i] = -a[i] * ((1.0 if s[i] == c else 0.0) - f[c]) * inv
             for hd in range(k):
                 for bb in range(S):
                     acc = 0.0
@@ -322,45 +332,22 @@ def _rows_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, mean
     s = np.empty(T, dtype=np.int64)
     w = np.empty(S)
     Y2 = np.empty((S, S))
+    pc = np.empty(S)
     V = np.empty(T)
     u = np.empty(T)
     a = np.empty(T)
     f = np.empty(S)
-    inv = np.empty(S)
+    pc = np.empty(S)
     dl = np.empty((S, T))
     Z = np.empty(T)
     for m in range(b * block, min((b + 1) * block, n_total)):
         decode_sequence(m, S, T, s)
-        _token_weights(s, parents, mu, atoms, prior_w, w, Y2)
-        total = 0.0
-        for c in range(S):
-            total += w[c]
-        if total == 0.0:
+        _token_weights(s, parents, mu, atoms, prior_w, w, Y2, pc)
+        if not _has_weight(w):
             continue
-        q = s[T - 1]
-        for j in range(T):
-            V[j] = A2[q, s[j]]
-        umax = -np.inf
-        for i in range(T):
-            acc = 0.0
-            for j in range(i + 1):
-                acc += P[i, j] * V[j]
-            u[i] = acc
-            if acc > umax:
-                umax = acc
-        z = 0.0
-        for i in range(T):
-            a[i] = math.exp(u[i] - umax)
-            z += a[i]
+        _forward_single(s, P, A2, V, u, a, f)
         for c in range(S):
-            f[c] = 0.0
-        for i in range(T):
-            a[i] /= z
-            f[s[i]] += a[i]
-        for c in range(S):
-            inv[c] = 0.0 if w[c] == 0.0 else 1.0 / (f[c] + eps)
-            for i in range(T):
-                dl[c, i] = -a[i] * ((1.0 if s[i] == c else 0.0) - f[c]) * inv[c]
+            _delta(c, s, a, f, 0.0 if w[c] == 0.0 else 1.0 / (f[c] + eps), dl[c])
         for i in range(T):
             d1 = 0.0
             m2 = 0.0
