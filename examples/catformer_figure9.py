@@ -29,21 +29,14 @@ import popgrad as pg
 from popgrad.app.plots import save_figure
 from popgrad.checks import catformer as cc
 
-from _catformer import write
-from _common import ensure_out, parser
+from _catformer import catformer_args, write
 
 OFFICIAL = (0.84, 0.05)  # mean ± sd over 20 graphs, official sampled training (S = 3, T = 20, 2^14 steps)
 
 
 def main():
-    p = parser(__doc__, "examples_out/catformer_figure9")
-    p.add_argument("--T", type=int, default=7)
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--graphs", type=int, default=20)
-    p.add_argument("--alpha", type=float, default=0.1)
-    p.add_argument("--quick", action="store_true", help="T = 6, 3 graphs, 40 steps (smoke test)")
-    args = p.parse_args()
-    out = ensure_out(args.out)
+    args, out = catformer_args(__doc__, "examples_out/catformer_figure9", 7, 1000,
+                               "T = 6, 3 graphs, 40 steps (smoke test)", {"graphs": 20})
     S = 3
     T, steps, n_graphs = (6, 40, 3) if args.quick else (args.T, args.steps, args.graphs)
     prior = pg.dirichlet_prior(S, args.alpha, 8, seed=0)
