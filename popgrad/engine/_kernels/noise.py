@@ -60,6 +60,21 @@ def _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2, pc):
         _add_component(pc, atoms[m, rt], w, Y2)
 
 
+@njit(cache=True)
+def _scratch(S, T):
+    """One block's per-sequence scratch: ``s (T,)`` int64, ``w (S,)``, ``Y2 (S, S)``, ``pc (S,)``,
+    ``u (T,)``, ``a (T,)``, ``f (S,)``."""
+    return (np.empty(T, dtype=np.int64), np.empty(S), np.empty((S, S)), np.empty(S),
+            np.empty(T), np.empty(T), np.empty(S))
+
+
+@njit(cache=True)
+def _token_scratch(S, T, n):
+    """Per-token scratch of the moment blocks: ``ℓ_c`` ``(S,)``, compressed gradients and
+    :func:`_accumulate`'s work array ``(S, n)`` each, ``δ (T,)``."""
+    return np.empty(S), np.empty((S, n)), np.empty((S, n)), np.empty(T)
+
+
 @njit(cache=True, inline="always")
 def _zero_weights(w, Y2):
     S = w.shape[0]
@@ -123,6 +138,18 @@ def _forward_single(s, P, A2, V, u, a, f):
 
 
 @njit(cache=True, inline="always")
+def _single_sequence(m, parents, mu, atoms, prior_w, P, A2, s, w, Y2, pc, V, u, a, f):
+    """Sequence number ``m`` into ``s``, its ``w``, ``Y2`` (:func:`_token_weights`) and, when it carries
+    weight, :func:`_forward_single`; False (nothing to add) when ``Σ_c w[c] = 0``."""
+    decode_sequence(m, A2.shape[0], s.shape[0], s)
+    _token_weights(s, parents, mu, atoms, prior_w, w, Y2, pc)
+    if not _has_weight(w):
+        return False
+    _forward_single(s, P, A2, V, u, a, f)
+    return True
+
+
+@njit(cache=True, inline="always")
 def _delta(c, s, a, f, inv, out):
     """``out[i] = δ^c_i = -a_i([s_i = c] - f_c)·inv`` (``inv = 1/(f_c + ε)``)."""
     for i in range(s.shape[0]):
@@ -172,33 +199,21 @@ def _accumulate(g, idx, w, Y2, lc, mean, M2, h, moments):
 
 
 @njit(cache=True, error_model="numpy")
-def _single_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, mean, M2, moments):
-    """Moments of the sequences ``b·block … min((b+1)·block, n_total) - 1`` (single-parent model)."""
+def _single_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean, M2, moments):
+    """Moments of the sequences ``b·block … min((b+1)·block, S**T) - 1`` (single-parent model)."""
     S = A2.shape[0]
     T = P.shape[0]
     D1 = T * (T + 1) // 2
     n = D1 + S
-    s = np.empty(T, dtype=np.int64)
-    w = np.empty(S)
-    Y2 = np.empty((S, S))
-    pc = np.empty(S)
+    s, w, Y2, pc, u, a, f = _scratch(S, T)
     V = np.empty(T)
-    u = np.empty(T)
-    a = np.empty(T)
-    f = np.empty(S)
-    lc = np.empty(S)
-    g = np.empty((S, n))
-    h = np.empty((S, n))
+    lc, g, h, delta = _token_scratch(S, T, n)
     idx = np.empty(n, dtype=np.int64)
-    delta = np.empty(T)
     for a_ in range(D1):
         idx[a_] = a_
-    for m in range(b * block, min((b + 1) * block, n_total)):
-        decode_sequence(m, S, T, s)
-        _token_weights(s, parents, mu, atoms, prior_w, w, Y2, pc)
-        if not _has_weight(w):
+    for m in range(b * block, min((b + 1) * block, S**T)):
+        if not _single_sequence(m, parents, mu, atoms, prior_w, P, A2, s, w, Y2, pc, V, u, a, f):
             continue
-        _forward_single(s, P, A2, V, u, a, f)
         q = s[T - 1]
         for c in range(S):
             idx[D1 + c] = D1 + q * S + c
@@ -226,38 +241,26 @@ def moments_single(parents, mu, atoms, prior_w, P, A2, eps, block, mean_s, M2_s,
     Slot ``b`` holds block ``b``'s sums: ``mean_s (n_blocks, D)``, ``M2_s (n_blocks, D, D)``,
     ``moments_s (n_blocks, 2)`` (``Σ w ℓ``, ``Σ Y2 ℓℓ``); ``D = T(T+1)/2 + S²``.
     """
-    S = A2.shape[0]
-    T = P.shape[0]
-    n_total = S**T
     for b in prange(mean_s.shape[0]):
-        _single_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
+        _single_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
 
 
 @njit(cache=True, error_model="numpy")
-def _multi_block(b, block, n_total, parents, tp, atoms, pk0, P, A2, eps, mean, M2, moments):
+def _multi_block(b, block, parents, tp, atoms, pk0, P, A2, eps, mean, M2, moments):
     """Moments of one block of sequences (k-head model of :mod:`popgrad.engine.multi`)."""
     k, S, _ = A2.shape
     T = P.shape[1]
     D1 = T * (T + 1) // 2
     n = k * (D1 + S * S)
-    s = np.empty(T, dtype=np.int64)
-    w = np.empty(S)
-    Y2 = np.empty((S, S))
-    pc = np.empty(S)
+    s, w, Y2, pc, u, a, f = _scratch(S, T)
     H = np.empty((k, T, S))
     kap = np.empty((k, S))
-    u = np.empty(T)
-    a = np.empty(T)
-    f = np.empty(S)
-    lc = np.empty(S)
-    g = np.empty((S, n))
-    hh = np.empty((S, n))
+    lc, g, hh, delta = _token_scratch(S, T, n)
     idx = np.arange(n)
-    delta = np.empty(T)
     eta = np.empty(S)
     zeta = np.empty(S)
     Grow = np.empty(T)
-    for m in range(b * block, min((b + 1) * block, n_total)):
+    for m in range(b * block, min((b + 1) * block, S**T)):
         decode_sequence(m, S, T, s)
         _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2, pc)
         if not _has_weight(w):
@@ -314,38 +317,25 @@ def _multi_block(b, block, n_total, parents, tp, atoms, pk0, P, A2, eps, mean, M
 @njit(cache=True, parallel=True, error_model="numpy")
 def moments_multi(parents, tp, atoms, pk0, P, A2, eps, block, mean_s, M2_s, moments_s):
     """:func:`moments_single` for the k-head model; ``D = k·T(T+1)/2 + k·S²``."""
-    S = A2.shape[1]
-    T = P.shape[1]
-    n_total = S**T
     for b in prange(mean_s.shape[0]):
-        _multi_block(b, block, n_total, parents, tp, atoms, pk0, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
+        _multi_block(b, block, parents, tp, atoms, pk0, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
 
 
 @njit(cache=True, error_model="numpy")
-def _rows_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, mean, R):
+def _rows_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean, R):
     """Mean ``dA1`` and per-row second moments ``R[i, j, j']`` of one block (single-parent).
 
     Per sequence ``R[i] += m_i(s) Z_i Z_iᵀ`` with ``m_i = Σ_cc' Y2[c,c'] δ^c_i δ^c'_i``.
     """
     S = A2.shape[0]
     T = P.shape[0]
-    s = np.empty(T, dtype=np.int64)
-    w = np.empty(S)
-    Y2 = np.empty((S, S))
-    pc = np.empty(S)
+    s, w, Y2, pc, u, a, f = _scratch(S, T)
     V = np.empty(T)
-    u = np.empty(T)
-    a = np.empty(T)
-    f = np.empty(S)
-    pc = np.empty(S)
     dl = np.empty((S, T))
     Z = np.empty(T)
-    for m in range(b * block, min((b + 1) * block, n_total)):
-        decode_sequence(m, S, T, s)
-        _token_weights(s, parents, mu, atoms, prior_w, w, Y2, pc)
-        if not _has_weight(w):
+    for m in range(b * block, min((b + 1) * block, S**T)):
+        if not _single_sequence(m, parents, mu, atoms, prior_w, P, A2, s, w, Y2, pc, V, u, a, f):
             continue
-        _forward_single(s, P, A2, V, u, a, f)
         for c in range(S):
             _delta(c, s, a, f, 0.0 if w[c] == 0.0 else 1.0 / (f[c] + eps), dl[c])
         for i in range(T):
@@ -369,11 +359,8 @@ def _rows_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, mean
 def row_moments_single(parents, mu, atoms, prior_w, P, A2, eps, block, mean_s, R_s):
     """Per-block mean ``dA1`` (``mean_s (n_blocks, T, T)``) and per-row second moments
     (``R_s (n_blocks, T, T, T)``), parallel over blocks. Work ``O(T³)`` per sequence."""
-    S = A2.shape[0]
-    T = P.shape[0]
-    n_total = S**T
     for b in prange(mean_s.shape[0]):
-        _rows_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], R_s[b])
+        _rows_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], R_s[b])
 
 
 @njit(cache=True)
