@@ -27,37 +27,52 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ...task._weights import decode_sequence, sequence_weight_row, sequence_weight_row_multi
+from ...task._weights import decode_sequence
 
 
 @njit(cache=True)
 def _token_weights(s, parents, mu, atoms, prior_w, w, Y2, pc):
-    """``w[c]`` and ``Y2[c, c']`` of one sequence (single-parent process, DESIGN §2).
-
-    Component ``k``'s ``pc[c] = ρ_k p_k(s) π_k(c|q)`` is
-    :func:`~popgrad.task._weights.sequence_weight_row` of that component alone.
-    """
+    """``w[c]`` and ``Y2[c, c']`` of one sequence (single-parent process, DESIGN §2)."""
     K, S, _ = atoms.shape
-    q = s[s.shape[0] - 1]
+    T = s.shape[0]
+    q = s[T - 1]
     _zero_weights(w, Y2)
     for k in range(K):
-        sequence_weight_row(s, parents, mu[k:k + 1], atoms[k:k + 1], prior_w[k:k + 1], pc)
-        _add_component(pc, atoms[k, q], w, Y2)
+        p = prior_w[k] / S
+        for i in range(T - 1):
+            par = parents[i]
+            if par < 0:
+                p *= mu[k, s[i]]
+            else:
+                p *= atoms[k, s[par], s[i]]
+        if p != 0.0:
+            for c in range(S):
+                pc[c] = p * atoms[k, q, c]
+            _add_component(pc, atoms[k, q], w, Y2)
 
 
 @njit(cache=True)
 def _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2, pc):
-    """``w[c]`` and ``Y2[c, c']`` of one sequence (k-parent process, DESIGN §9); component ``m``'s
-    ``pc`` is :func:`~popgrad.task._weights.sequence_weight_row_multi` of that component alone."""
+    """``w[c]`` and ``Y2[c, c']`` of one sequence (k-parent process, DESIGN §9)."""
     K = atoms.shape[0]
     S = atoms.shape[2]
+    T, k = parents.shape
     rt = 0
-    for h in range(parents.shape[1]):
+    for h in range(k):
         rt = rt * S + s[tp[h]]
     _zero_weights(w, Y2)
     for m in range(K):
-        sequence_weight_row_multi(s, parents, tp, atoms[m:m + 1], atoms[m:m + 1], pk0[m:m + 1], pc)
-        _add_component(pc, atoms[m, rt], w, Y2)
+        p = pk0[m]
+        for i in range(T):
+            if parents[i, 0] >= 0:
+                row = 0
+                for h in range(k):
+                    row = row * S + s[parents[i, h]]
+                p *= atoms[m, row, s[i]]
+        if p != 0.0:
+            for c in range(S):
+                pc[c] = p * atoms[m, rt, c]
+            _add_component(pc, atoms[m, rt], w, Y2)
 
 
 @njit(cache=True)
