@@ -19,7 +19,8 @@ The k-head kernel uses the backward pass of :mod:`popgrad.engine.multi`
 per token, the softmax Jacobian applied per sample.
 
 Blocks of consecutive sequence numbers, one slot per block, summed in block
-order: the result does not depend on the thread count. ``cache=True``, no
+order: the result does not depend on the thread count. The per-sequence pieces (weights,
+forward pass, ``δ^c``) are small helpers shared by the block kernels, inlined by numba. ``cache=True``, no
 ``fastmath``. NumPy reference: :func:`popgrad.engine.noise.gradient_noise_numpy`.
 """
 import math
@@ -92,6 +93,7 @@ def _token_scratch(S, T, n):
 
 @njit(cache=True, inline="always")
 def _zero_weights(w, Y2):
+    """``w = 0``, ``Y2 = 0``."""
     S = w.shape[0]
     for c in range(S):
         w[c] = 0.0
