@@ -30,6 +30,7 @@ from popgrad.app.plots import save_figure
 from popgrad.checks import catformer as cc
 
 from _catformer import catformer_args, write
+from _common import finite_stats
 
 OFFICIAL = (0.84, 0.05)  # mean ± sd over 20 graphs, official sampled training (S = 3, T = 20, 2^14 steps)
 
@@ -57,13 +58,13 @@ def main():
         print(f"graph {g}: parents {task.graph.to_string()}, loss {traj.loss[-1]:.4f} "
               f"(Bayes {losses[-1][1]:.4f}), {time.perf_counter() - t0:.0f} s", flush=True)
     seconds = time.perf_counter() - t0
-    per_graph_pos = np.nanmean(pos_attn, axis=1)
-    per_graph_pop = np.nanmean(pop_attn, axis=1)
+    per_graph_pos = finite_stats(pos_attn, axis=1)[0]  # NaN for a graph without parents, without a warning
+    per_graph_pop = finite_stats(pop_attn, axis=1)[0]
     pos = np.arange(T)
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for arr, lab, c in ((pos_attn, "positional block (official metric), exact", "tab:blue"),
                         (pop_attn, "population-average attention, exact", "tab:green")):
-        mean, sd = np.nanmean(arr, axis=0), np.nanstd(arr, axis=0)
+        mean, sd = finite_stats(arr, axis=0)[:2]  # position 0 is a root in every graph
         ok = np.isfinite(mean)
         ax.errorbar(pos[ok], mean[ok], yerr=sd[ok], fmt="o-", capsize=3, color=c, label=lab)
     ax.axhline(OFFICIAL[0], color="tab:red", ls=":", label=f"official sampled (S=3, T=20): {OFFICIAL[0]}")
