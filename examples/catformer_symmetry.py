@@ -97,14 +97,13 @@ def run_reduced(task, scale, seed, steps):
 
 
 def main():
-    p = parser(__doc__, "examples_out/catformer_symmetry")
+    p = parser(__doc__, "examples_out/catformer_symmetry", quick_help="T = 6, 100 steps, 2 seeds (smoke test)")
     p.add_argument("--T", type=int, default=8)
     p.add_argument("--alpha", type=float, default=0.1)
     p.add_argument("--steps", type=int, default=4096)
     p.add_argument("--seeds", type=int, default=8, help="seeds of the 1e-4 start (full/adamw)")
     p.add_argument("--scales", default="1e-2,1", help="further init scales (--scale-seeds seeds each)")
     p.add_argument("--scale-seeds", type=int, default=2)
-    p.add_argument("--quick", action="store_true", help="T = 6, 100 steps, 2 seeds (smoke test)")
     args = p.parse_args()
     out = ensure_out(args.out)
     S = 2
