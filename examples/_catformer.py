@@ -11,7 +11,23 @@ import popgrad as pg
 from popgrad.app.plots import save_figure
 from popgrad.checks import catformer as cc
 
+from _common import ensure_out, parser
+
 GRAPHS = {"chain": pg.chain, "icl": pg.icl_pairs, "random": lambda T: pg.random_tree(T, seed=0, root_prob=0.2)}
+
+
+def catformer_args(doc, out, T, steps, quick_help, counts=None, alpha=0.1):
+    """The full-model examples' command line: ``--out``, ``--quick`` (:func:`_common.parser`), ``--T``,
+    ``--steps``, one integer option per ``counts`` entry (name -> default), ``--alpha``; returns
+    ``(args, output folder)``."""
+    p = parser(doc, out, quick_help=quick_help)
+    p.add_argument("--T", type=int, default=T)
+    p.add_argument("--steps", type=int, default=steps)
+    for name, default in (counts or {}).items():
+        p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--alpha", type=float, default=alpha)
+    args = p.parse_args()
+    return args, ensure_out(args.out)
 
 
 def single_parent_task(graph, S, T, alpha=1.0, atoms=8, seed=0):

@@ -43,6 +43,20 @@ def finite_stats(a, axis=0):
     return mean, sd, lo, hi, n
 
 
+def random_branching(T, seed=0, branches=2):
+    """A random tree with ``branches`` chains from root 0: each later context position extends one of the
+    chains chosen uniformly at random, so ``T_eff = T / branches`` grows with T (``random_tree`` draws a new
+    tree, and T_eff, at every T)."""
+    rng = np.random.default_rng(seed)
+    parents = np.full(T, -1)
+    last = [0] * branches
+    for i in range(1, T - 1):
+        b = int(rng.integers(branches))
+        parents[i] = last[b]
+        last[b] = i
+    return pg.CausalGraph(parents)
+
+
 def ensure_out(path):
     os.makedirs(path, exist_ok=True)
     return path

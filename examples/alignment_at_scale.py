@@ -24,20 +24,7 @@ import numpy as np
 import popgrad as pg
 from popgrad.app.plots import save_figure
 
-from _common import ensure_out, parser
-
-
-def random_branching(T, seed, branches=3):
-    """A random tree with ``branches`` leaves: position 0 is the root, each later context position extends one
-    of ``branches`` chains chosen uniformly at random (so T_eff = T / branches grows with T)."""
-    rng = np.random.default_rng(seed)
-    parents = np.full(T, -1)
-    last = [0] * branches
-    for i in range(1, T - 1):
-        b = int(rng.integers(branches))
-        parents[i] = last[b]
-        last[b] = i
-    return pg.CausalGraph(parents)
+from _common import ensure_out, parser, random_branching
 
 
 def main():
@@ -48,7 +35,7 @@ def main():
         ("S=2", "chain"): (pg.dirichlet_prior(2, 1.0, 8, seed=0), pg.chain, pg.checks.default_alignment_T(2)),
         ("S=3", "chain"): (pg.dirichlet_prior(3, 1.0, 8, seed=0), pg.chain, pg.checks.default_alignment_T(3)),
         ("S=3", "random 3-branch tree"): (pg.dirichlet_prior(3, 1.0, 8, seed=0),
-                                          lambda T: random_branching(T, seed=0),
+                                          lambda T: random_branching(T, seed=0, branches=3),
                                           [int(round(t)) for t in np.geomspace(30, 600, 8)]),
     }
     lines = ["| family | T | T_eff | distance | √T_eff · distance | cosine | seconds |", "|---|---|---|---|---|---|---|"]

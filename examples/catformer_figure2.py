@@ -34,9 +34,9 @@ from popgrad.app.plots import save_figure
 from popgrad.checks import catformer as cc
 from popgrad.model.reduced import first_layer_attention
 
-from _catformer import half_step, loss_drop_peaks, plot_loss_curve, plot_population_attention, record_diagnostics, \
+from _catformer import catformer_args, half_step, loss_drop_peaks, plot_loss_curve, plot_population_attention, record_diagnostics, \
     single_parent_task, write
-from _common import TRAIN, ensure_out, parser
+from _common import TRAIN
 
 
 def compare_with_algorithm1(task, model, params, steps1, path):
@@ -60,12 +60,7 @@ def compare_with_algorithm1(task, model, params, steps1, path):
 
 
 def main():
-    p = parser(__doc__, "examples_out/catformer_figure2", quick_help="T = 6, 60 steps (smoke test)")
-    p.add_argument("--T", type=int, default=8)
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--alpha", type=float, default=0.1)
-    args = p.parse_args()
-    out = ensure_out(args.out)
+    args, out = catformer_args(__doc__, "examples_out/catformer_figure2", 8, 2000, "T = 6, 60 steps (smoke test)")
     S = 3
     T, steps = (6, 60) if args.quick else (args.T, args.steps)
     rows = []

@@ -29,20 +29,15 @@ import popgrad as pg
 from popgrad.app.plots import save_figure
 from popgrad.checks import catformer as cc
 
-from _catformer import write
-from _common import ensure_out, finite_stats, parser
+from _catformer import catformer_args, write
+from _common import finite_stats
 
 OFFICIAL = (0.84, 0.05)  # mean ± sd over 20 graphs, official sampled training (S = 3, T = 20, 2^14 steps)
 
 
 def main():
-    p = parser(__doc__, "examples_out/catformer_figure9", quick_help="T = 6, 3 graphs, 40 steps (smoke test)")
-    p.add_argument("--T", type=int, default=7)
-    p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--graphs", type=int, default=20)
-    p.add_argument("--alpha", type=float, default=0.1)
-    args = p.parse_args()
-    out = ensure_out(args.out)
+    args, out = catformer_args(__doc__, "examples_out/catformer_figure9", 7, 1000,
+                               "T = 6, 3 graphs, 40 steps (smoke test)", {"graphs": 20})
     S = 3
     T, steps, n_graphs = (6, 40, 3) if args.quick else (args.T, args.steps, args.graphs)
     prior = pg.dirichlet_prior(S, args.alpha, 8, seed=0)
@@ -63,13 +58,13 @@ def main():
         print(f"graph {g}: parents {task.graph.to_string()}, loss {traj.loss[-1]:.4f} "
               f"(Bayes {losses[-1][1]:.4f}), {time.perf_counter() - t0:.0f} s", flush=True)
     seconds = time.perf_counter() - t0
-    per_graph_pos = finite_stats(pos_attn, axis=1)[0]
+    per_graph_pos = finite_stats(pos_attn, axis=1)[0]  # NaN for a graph without parents, without a warning
     per_graph_pop = finite_stats(pop_attn, axis=1)[0]
     pos = np.arange(T)
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for arr, lab, c in ((pos_attn, "positional block (official metric), exact", "tab:blue"),
                         (pop_attn, "population-average attention, exact", "tab:green")):
-        mean, sd = finite_stats(arr, axis=0)[:2]
+        mean, sd = finite_stats(arr, axis=0)[:2]  # position 0 is a root in every graph
         ok = np.isfinite(mean)
         ax.errorbar(pos[ok], mean[ok], yerr=sd[ok], fmt="o-", capsize=3, color=c, label=lab)
     ax.axhline(OFFICIAL[0], color="tab:red", ls=":", label=f"official sampled (S=3, T=20): {OFFICIAL[0]}")

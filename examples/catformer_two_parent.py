@@ -30,18 +30,12 @@ import popgrad as pg
 from popgrad.app.plots import save_figure
 from popgrad.checks import catformer as cc
 
-from _catformer import plot_population_attention, two_parent_task, write
-from _common import ensure_out, parser
+from _catformer import catformer_args, plot_population_attention, two_parent_task, write
 
 
 def main():
-    p = parser(__doc__, "examples_out/catformer_two_parent", quick_help="T = 6, 100 steps, 1 seed (smoke test)")
-    p.add_argument("--T", type=int, default=10)
-    p.add_argument("--steps", type=int, default=4096)
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--alpha", type=float, default=0.1)
-    args = p.parse_args()
-    out = ensure_out(args.out)
+    args, out = catformer_args(__doc__, "examples_out/catformer_two_parent", 10, 4096,
+                               "T = 6, 100 steps, 1 seed (smoke test)", {"seeds": 3})
     S = 2
     T, steps, seeds = (6, 100, 1) if args.quick else (args.T, args.steps, args.seeds)
     task = two_parent_task(S, T, alpha=args.alpha)

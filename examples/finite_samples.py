@@ -44,28 +44,13 @@ import popgrad as pg
 from popgrad import checks
 from popgrad.app.plots import save_figure
 from popgrad.checks.sample_complexity import joint_gaussian_probability, ranking_model, sample_complexity_sweep
-from popgrad.engine.noise import stage1_row_noise
 from popgrad.engine.single import rows_loss_and_grad
-from popgrad.model.reduced import first_layer_attention
 from scipy.special import ndtr
 
-from _common import ensure_out, parser
+from _common import ensure_out, parser, random_branching
 
 PAIR = pg.FinitePrior([[[.8, .2], [.2, .8]], [[.2, .8], [.8, .2]]])
 GRAPHS = {"chain": pg.chain, "icl": pg.icl_pairs, "random tree": lambda T: pg.random_tree(T, seed=0)}
-
-
-def random_branching(T, seed=0, branches=2):
-    """A random tree with ``branches`` chains from root 0 (each position extends a uniformly chosen chain), so
-    that ``T_eff = T / branches`` grows with T (``random_tree`` draws a new tree, and T_eff, at every T)."""
-    rng = np.random.default_rng(seed)
-    parents = np.full(T, -1)
-    last = [0] * branches
-    for i in range(1, T - 1):
-        b = int(rng.integers(branches))
-        parents[i] = last[b]
-        last[b] = i
-    return pg.CausalGraph(parents)
 
 
 #: The N_min sweep adds a random tree family whose T_eff grows.

@@ -109,15 +109,20 @@ def floor_rows(w, eps: float) -> np.ndarray:
     return out
 
 
-def floor_rows_numpy(w, eps: float) -> np.ndarray:
-    """NumPy reference of :func:`floor_rows`: every prefix's ``λ_m`` at once, the active count by counting."""
-    w = np.asarray(w, dtype=np.float64)
+def _water_level(w, eps):
+    """Rows sorted decreasing ``ws``, ``m = 1..S``, the active counts ``(n,)`` and levels ``λ (n, 1)``:
+    every prefix's ``λ_m`` at once, the active count by counting."""
     n, S = w.shape
     ws = -np.sort(-w, axis=1)
     m = np.arange(1, S + 1)
     lam_all = np.cumsum(ws, axis=1) / (1.0 + m * eps)
     n_active = np.maximum(np.sum(ws > eps * lam_all, axis=1), 1)
-    lam = lam_all[np.arange(n), n_active - 1][:, None]
+    return ws, m, n_active, lam_all[np.arange(n), n_active - 1][:, None]
+
+
+def floor_rows_numpy(w, eps: float) -> np.ndarray:
+    """NumPy reference of :func:`floor_rows` (:func:`_water_level`, then the closed form)."""
+    ws, m, n_active, lam = _water_level(np.asarray(w, dtype=np.float64), eps)
     active = m[None, :] <= n_active[:, None]
     pos = ws > 0
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -129,15 +134,10 @@ def floor_rows_numpy(w, eps: float) -> np.ndarray:
 def floor_predictor(w, eps: float) -> np.ndarray:
     """The minimizing ``f`` of every row, ``f_c = max(w_c/λ - ε, 0)`` (rows with ``Σ w = 0``: uniform)."""
     w = np.asarray(w, dtype=np.float64)
-    n, S = w.shape
-    ws = -np.sort(-w, axis=1)
-    m = np.arange(1, S + 1)
-    lam_all = np.cumsum(ws, axis=1) / (1.0 + m * eps)
-    n_active = np.maximum(np.sum(ws > eps * lam_all, axis=1), 1)
-    lam = lam_all[np.arange(n), n_active - 1][:, None]
+    lam = _water_level(w, eps)[3]
     with np.errstate(divide="ignore", invalid="ignore"):
         f = np.maximum(w / np.where(lam > 0, lam, 1.0) - eps, 0.0)
-    f[lam[:, 0] <= 0] = 1.0 / S
+    f[lam[:, 0] <= 0] = 1.0 / w.shape[1]
     return f
 
 

@@ -19,7 +19,8 @@ The k-head kernel uses the backward pass of :mod:`popgrad.engine.multi`
 per token, the softmax Jacobian applied per sample.
 
 Blocks of consecutive sequence numbers, one slot per block, summed in block
-order: the result does not depend on the thread count. ``cache=True``, no
+order: the result does not depend on the thread count. The per-sequence pieces (weights,
+forward pass, ``δ^c``) are small helpers shared by the block kernels, inlined by numba. ``cache=True``, no
 ``fastmath``. NumPy reference: :func:`popgrad.engine.noise.gradient_noise_numpy`.
 """
 import math
@@ -31,15 +32,12 @@ from ...task._weights import decode_sequence
 
 
 @njit(cache=True)
-def _token_weights(s, parents, mu, atoms, prior_w, w, Y2):
+def _token_weights(s, parents, mu, atoms, prior_w, w, Y2, pc):
     """``w[c]`` and ``Y2[c, c']`` of one sequence (single-parent process, DESIGN §2)."""
     K, S, _ = atoms.shape
     T = s.shape[0]
     q = s[T - 1]
-    for c in range(S):
-        w[c] = 0.0
-        for d in range(S):
-            Y2[c, d] = 0.0
+    _zero_weights(w, Y2)
     for k in range(K):
         p = prior_w[k] / S
         for i in range(T - 1):
@@ -50,14 +48,12 @@ def _token_weights(s, parents, mu, atoms, prior_w, w, Y2):
                 p *= atoms[k, s[par], s[i]]
         if p != 0.0:
             for c in range(S):
-                pc = p * atoms[k, q, c]
-                w[c] += pc
-                for d in range(S):
-                    Y2[c, d] += pc * atoms[k, q, d]
+                pc[c] = p * atoms[k, q, c]
+            _add_component(pc, atoms[k, q], w, Y2)
 
 
 @njit(cache=True)
-def _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2):
+def _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2, pc):
     """``w[c]`` and ``Y2[c, c']`` of one sequence (k-parent process, DESIGN §9)."""
     K = atoms.shape[0]
     S = atoms.shape[2]
@@ -65,10 +61,7 @@ def _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2):
     rt = 0
     for h in range(k):
         rt = rt * S + s[tp[h]]
-    for c in range(S):
-        w[c] = 0.0
-        for d in range(S):
-            Y2[c, d] = 0.0
+    _zero_weights(w, Y2)
     for m in range(K):
         p = pk0[m]
         for i in range(T):
@@ -79,10 +72,120 @@ def _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2):
                 p *= atoms[m, row, s[i]]
         if p != 0.0:
             for c in range(S):
-                pc = p * atoms[m, rt, c]
-                w[c] += pc
-                for d in range(S):
-                    Y2[c, d] += pc * atoms[m, rt, d]
+                pc[c] = p * atoms[m, rt, c]
+            _add_component(pc, atoms[m, rt], w, Y2)
+
+
+@njit(cache=True)
+def _scratch(S, T):
+    """One block's per-sequence scratch: ``s (T,)`` int64, ``w (S,)``, ``Y2 (S, S)``, ``pc (S,)``,
+    ``u (T,)``, ``a (T,)``, ``f (S,)``."""
+    return (np.empty(T, dtype=np.int64), np.empty(S), np.empty((S, S)), np.empty(S),
+            np.empty(T), np.empty(T), np.empty(S))
+
+
+@njit(cache=True)
+def _token_scratch(S, T, n):
+    """Per-token scratch of the moment blocks: ``ℓ_c`` ``(S,)``, compressed gradients and
+    :func:`_accumulate`'s work array ``(S, n)`` each, ``δ (T,)``."""
+    return np.empty(S), np.empty((S, n)), np.empty((S, n)), np.empty(T)
+
+
+@njit(cache=True, inline="always")
+def _zero_weights(w, Y2):
+    """``w = 0``, ``Y2 = 0``."""
+    S = w.shape[0]
+    for c in range(S):
+        w[c] = 0.0
+        for d in range(S):
+            Y2[c, d] = 0.0
+
+
+@njit(cache=True, inline="always")
+def _add_component(pc, pi, w, Y2):
+    """``w += pc``, ``Y2[c, d] += pc[c] π[d]`` (``pc = ρ p π``, the component's weights)."""
+    S = w.shape[0]
+    for c in range(S):
+        w[c] += pc[c]
+        for d in range(S):
+            Y2[c, d] += pc[c] * pi[d]
+
+
+@njit(cache=True, inline="always")
+def _has_weight(w):
+    """False when the sequence's total weight ``Σ_c w[c]`` is zero (it then adds nothing)."""
+    total = 0.0
+    for c in range(w.shape[0]):
+        total += w[c]
+    return total != 0.0
+
+
+@njit(cache=True, inline="always")
+def _softmax_tokens(s, u, a, f):
+    """``a = softmax(u)`` (shifted by ``max u``) and ``f[c] = Σ_{i: s_i = c} a_i``."""
+    T = s.shape[0]
+    umax = -np.inf
+    for i in range(T):
+        if u[i] > umax:
+            umax = u[i]
+    z = 0.0
+    for i in range(T):
+        a[i] = math.exp(u[i] - umax)
+        z += a[i]
+    for c in range(f.shape[0]):
+        f[c] = 0.0
+    for i in range(T):
+        a[i] /= z
+        f[s[i]] += a[i]
+
+
+@njit(cache=True, inline="always")
+def _forward_single(s, P, A2, V, u, a, f):
+    """Single-head forward pass: ``V_j = A2[q, s_j]``, ``u = P V``, then :func:`_softmax_tokens`."""
+    T = P.shape[0]
+    q = s[T - 1]
+    for j in range(T):
+        V[j] = A2[q, s[j]]
+    for i in range(T):
+        acc = 0.0
+        for j in range(i + 1):
+            acc += P[i, j] * V[j]
+        u[i] = acc
+    _softmax_tokens(s, u, a, f)
+
+
+@njit(cache=True, inline="always")
+def _single_sequence(m, parents, mu, atoms, prior_w, P, A2, s, w, Y2, pc, V, u, a, f):
+    """Sequence number ``m`` into ``s``, its ``w``, ``Y2`` (:func:`_token_weights`) and, when it carries
+    weight, :func:`_forward_single`; False (nothing to add) when ``Σ_c w[c] = 0``."""
+    decode_sequence(m, A2.shape[0], s.shape[0], s)
+    _token_weights(s, parents, mu, atoms, prior_w, w, Y2, pc)
+    if not _has_weight(w):
+        return False
+    _forward_single(s, P, A2, V, u, a, f)
+    return True
+
+
+@njit(cache=True, inline="always")
+def _delta(c, s, a, f, inv, out):
+    """``out[i] = δ^c_i = -a_i([s_i = c] - f_c)·inv`` (``inv = 1/(f_c + ε)``)."""
+    for i in range(s.shape[0]):
+        out[i] = -a[i] * ((1.0 if s[i] == c else 0.0) - f[c]) * inv
+
+
+@njit(cache=True, inline="always")
+def _token_loss_delta(c, s, a, f, w, eps, g, lc, delta):
+    """Zero ``g[c]``; ``lc[c] = ℓ_c``, ``delta = δ^c`` and True -- or ``lc[c] = 0`` and False when
+    ``w[c] = 0`` (then ``Y2[c, c] = Σ ρ p π(c|q)² = 0`` too: token ``c`` never carries weight)."""
+    for a_ in range(g.shape[1]):
+        g[c, a_] = 0.0
+    if w[c] == 0.0:
+        lc[c] = 0.0
+        return False
+    fe = f[c] + eps
+    lc[c] = -math.log(fe)
+    _delta(c, s, a, f, 1.0 / fe, delta)
+    return True
 
 
 @njit(cache=True)
@@ -113,67 +216,27 @@ def _accumulate(g, idx, w, Y2, lc, mean, M2, h, moments):
 
 
 @njit(cache=True, error_model="numpy")
-def _single_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, mean, M2, moments):
-    """Moments of the sequences ``b·block … min((b+1)·block, n_total) - 1`` (single-parent model)."""
+def _single_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean, M2, moments):
+    """Moments of the sequences ``b·block … min((b+1)·block, S**T) - 1`` (single-parent model)."""
     S = A2.shape[0]
     T = P.shape[0]
     D1 = T * (T + 1) // 2
     n = D1 + S
-    s = np.empty(T, dtype=np.int64)
-    w = np.empty(S)
-    Y2 = np.empty((S, S))
+    s, w, Y2, pc, u, a, f = _scratch(S, T)
     V = np.empty(T)
-    u = np.empty(T)
-    a = np.empty(T)
-    f = np.empty(S)
-    lc = np.empty(S)
-    g = np.empty((S, n))
-    h = np.empty((S, n))
+    lc, g, h, delta = _token_scratch(S, T, n)
     idx = np.empty(n, dtype=np.int64)
-    delta = np.empty(T)
     for a_ in range(D1):
         idx[a_] = a_
-    for m in range(b * block, min((b + 1) * block, n_total)):
-        decode_sequence(m, S, T, s)
-        _token_weights(s, parents, mu, atoms, prior_w, w, Y2)
-        total = 0.0
-        for c in range(S):
-            total += w[c]
-        if total == 0.0:
+    for m in range(b * block, min((b + 1) * block, S**T)):
+        if not _single_sequence(m, parents, mu, atoms, prior_w, P, A2, s, w, Y2, pc, V, u, a, f):
             continue
         q = s[T - 1]
-        for j in range(T):
-            V[j] = A2[q, s[j]]
-        umax = -np.inf
-        for i in range(T):
-            acc = 0.0
-            for j in range(i + 1):
-                acc += P[i, j] * V[j]
-            u[i] = acc
-            if acc > umax:
-                umax = acc
-        z = 0.0
-        for i in range(T):
-            a[i] = math.exp(u[i] - umax)
-            z += a[i]
-        for c in range(S):
-            f[c] = 0.0
-        for i in range(T):
-            a[i] /= z
-            f[s[i]] += a[i]
         for c in range(S):
             idx[D1 + c] = D1 + q * S + c
         for c in range(S):
-            for a_ in range(n):
-                g[c, a_] = 0.0
-            if w[c] == 0.0:  # Y2[c, c] = Σ ρ p π(c|q)² = 0 too: token c never carries weight here
-                lc[c] = 0.0
+            if not _token_loss_delta(c, s, a, f, w, eps, g, lc, delta):
                 continue
-            fe = f[c] + eps
-            lc[c] = -math.log(fe)
-            inv = 1.0 / fe
-            for i in range(T):
-                delta[i] = -a[i] * ((1.0 if s[i] == c else 0.0) - f[c]) * inv
             r = 0
             for i in range(T):
                 di = delta[i]
@@ -195,43 +258,29 @@ def moments_single(parents, mu, atoms, prior_w, P, A2, eps, block, mean_s, M2_s,
     Slot ``b`` holds block ``b``'s sums: ``mean_s (n_blocks, D)``, ``M2_s (n_blocks, D, D)``,
     ``moments_s (n_blocks, 2)`` (``Σ w ℓ``, ``Σ Y2 ℓℓ``); ``D = T(T+1)/2 + S²``.
     """
-    S = A2.shape[0]
-    T = P.shape[0]
-    n_total = S**T
     for b in prange(mean_s.shape[0]):
-        _single_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
+        _single_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
 
 
 @njit(cache=True, error_model="numpy")
-def _multi_block(b, block, n_total, parents, tp, atoms, pk0, P, A2, eps, mean, M2, moments):
+def _multi_block(b, block, parents, tp, atoms, pk0, P, A2, eps, mean, M2, moments):
     """Moments of one block of sequences (k-head model of :mod:`popgrad.engine.multi`)."""
     k, S, _ = A2.shape
     T = P.shape[1]
     D1 = T * (T + 1) // 2
     n = k * (D1 + S * S)
-    s = np.empty(T, dtype=np.int64)
-    w = np.empty(S)
-    Y2 = np.empty((S, S))
+    s, w, Y2, pc, u, a, f = _scratch(S, T)
     H = np.empty((k, T, S))
     kap = np.empty((k, S))
-    u = np.empty(T)
-    a = np.empty(T)
-    f = np.empty(S)
-    lc = np.empty(S)
-    g = np.empty((S, n))
-    hh = np.empty((S, n))
+    lc, g, hh, delta = _token_scratch(S, T, n)
     idx = np.arange(n)
-    delta = np.empty(T)
     eta = np.empty(S)
     zeta = np.empty(S)
     Grow = np.empty(T)
-    for m in range(b * block, min((b + 1) * block, n_total)):
+    for m in range(b * block, min((b + 1) * block, S**T)):
         decode_sequence(m, S, T, s)
-        _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2)
-        total = 0.0
-        for c in range(S):
-            total += w[c]
-        if total == 0.0:
+        _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2, pc)
+        if not _has_weight(w):
             continue
         for hd in range(k):
             for i in range(T):
@@ -244,35 +293,16 @@ def _multi_block(b, block, n_total, parents, tp, atoms, pk0, P, A2, eps, mean, M
                 for bp in range(S):
                     acc += H[hd, T - 1, bp] * A2[hd, bp, c]
                 kap[hd, c] = acc
-        umax = -np.inf
         for i in range(T):
             acc = 0.0
             for hd in range(k):
                 for c in range(S):
                     acc += H[hd, i, c] * kap[hd, c]
             u[i] = acc
-            if acc > umax:
-                umax = acc
-        z = 0.0
-        for i in range(T):
-            a[i] = math.exp(u[i] - umax)
-            z += a[i]
+        _softmax_tokens(s, u, a, f)
         for c in range(S):
-            f[c] = 0.0
-        for i in range(T):
-            a[i] /= z
-            f[s[i]] += a[i]
-        for c in range(S):
-            for a_ in range(n):
-                g[c, a_] = 0.0
-            if w[c] == 0.0:
-                lc[c] = 0.0
+            if not _token_loss_delta(c, s, a, f, w, eps, g, lc, delta):
                 continue
-            fe = f[c] + eps
-            lc[c] = -math.log(fe)
-            inv = 1.0 / fe
-            for i in range(T):
-                delta[i] = -a[i] * ((1.0 if s[i] == c else 0.0) - f[c]) * inv
             for hd in range(k):
                 for bb in range(S):
                     acc = 0.0
@@ -304,63 +334,27 @@ def _multi_block(b, block, n_total, parents, tp, atoms, pk0, P, A2, eps, mean, M
 @njit(cache=True, parallel=True, error_model="numpy")
 def moments_multi(parents, tp, atoms, pk0, P, A2, eps, block, mean_s, M2_s, moments_s):
     """:func:`moments_single` for the k-head model; ``D = k·T(T+1)/2 + k·S²``."""
-    S = A2.shape[1]
-    T = P.shape[1]
-    n_total = S**T
     for b in prange(mean_s.shape[0]):
-        _multi_block(b, block, n_total, parents, tp, atoms, pk0, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
+        _multi_block(b, block, parents, tp, atoms, pk0, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
 
 
 @njit(cache=True, error_model="numpy")
-def _rows_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, mean, R):
+def _rows_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean, R):
     """Mean ``dA1`` and per-row second moments ``R[i, j, j']`` of one block (single-parent).
 
     Per sequence ``R[i] += m_i(s) Z_i Z_iᵀ`` with ``m_i = Σ_cc' Y2[c,c'] δ^c_i δ^c'_i``.
     """
     S = A2.shape[0]
     T = P.shape[0]
-    s = np.empty(T, dtype=np.int64)
-    w = np.empty(S)
-    Y2 = np.empty((S, S))
+    s, w, Y2, pc, u, a, f = _scratch(S, T)
     V = np.empty(T)
-    u = np.empty(T)
-    a = np.empty(T)
-    f = np.empty(S)
-    inv = np.empty(S)
     dl = np.empty((S, T))
     Z = np.empty(T)
-    for m in range(b * block, min((b + 1) * block, n_total)):
-        decode_sequence(m, S, T, s)
-        _token_weights(s, parents, mu, atoms, prior_w, w, Y2)
-        total = 0.0
-        for c in range(S):
-            total += w[c]
-        if total == 0.0:
+    for m in range(b * block, min((b + 1) * block, S**T)):
+        if not _single_sequence(m, parents, mu, atoms, prior_w, P, A2, s, w, Y2, pc, V, u, a, f):
             continue
-        q = s[T - 1]
-        for j in range(T):
-            V[j] = A2[q, s[j]]
-        umax = -np.inf
-        for i in range(T):
-            acc = 0.0
-            for j in range(i + 1):
-                acc += P[i, j] * V[j]
-            u[i] = acc
-            if acc > umax:
-                umax = acc
-        z = 0.0
-        for i in range(T):
-            a[i] = math.exp(u[i] - umax)
-            z += a[i]
         for c in range(S):
-            f[c] = 0.0
-        for i in range(T):
-            a[i] /= z
-            f[s[i]] += a[i]
-        for c in range(S):
-            inv[c] = 0.0 if w[c] == 0.0 else 1.0 / (f[c] + eps)
-            for i in range(T):
-                dl[c, i] = -a[i] * ((1.0 if s[i] == c else 0.0) - f[c]) * inv[c]
+            _delta(c, s, a, f, 0.0 if w[c] == 0.0 else 1.0 / (f[c] + eps), dl[c])
         for i in range(T):
             d1 = 0.0
             m2 = 0.0
@@ -382,11 +376,8 @@ def _rows_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, mean
 def row_moments_single(parents, mu, atoms, prior_w, P, A2, eps, block, mean_s, R_s):
     """Per-block mean ``dA1`` (``mean_s (n_blocks, T, T)``) and per-row second moments
     (``R_s (n_blocks, T, T, T)``), parallel over blocks. Work ``O(T³)`` per sequence."""
-    S = A2.shape[0]
-    T = P.shape[0]
-    n_total = S**T
     for b in prange(mean_s.shape[0]):
-        _rows_block(b, block, n_total, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], R_s[b])
+        _rows_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], R_s[b])
 
 
 @njit(cache=True)
