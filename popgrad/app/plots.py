@@ -222,13 +222,8 @@ def plot_head_attention_to_parent(trajectory, graph, path, context: str = "") ->
     for h in range(k):
         ax = axes[h, 0]
         rows = np.flatnonzero(graph.slot_parents(h) >= 0)
-        ax.bar(rows - 0.2, trajectory.attn_parent[0, h, rows], width=0.4, label="step 0", color="lightgrey")
-        ax.bar(rows + 0.2, trajectory.attn_parent[-1, h, rows], width=0.4, label=f"step {trajectory.step[-1]}")
-        ax.axhline(1 - 1 / graph.T, ls="--", color="k", lw=0.8, label="1 - 1/T")
-        ax.set_ylim(0, 1.05)
-        ax.set_ylabel(f"head {h}: P[i, p(i)_{h}]")
-        _integer_axis(ax.xaxis)
-        ax.legend(fontsize=7, loc="lower right", framealpha=0.6)
+        _parent_bars(ax, rows, trajectory.attn_parent[0, h, rows], trajectory.attn_parent[-1, h, rows],
+                     trajectory.step[-1], graph.T, f"head {h}: P[i, p(i)_{h}]")
     axes[-1, 0].set_xlabel("position i (rows with parents; T-1: the target's parent)")
     if context:
         axes[0, 0].set_title(context, fontsize=9)
@@ -274,14 +269,19 @@ def plot_parent_attention_per_position(graph, first, last, last_step: int, path,
     fig, axes = new_figure(m, 1, figsize=(6.5, 2.8 * m), squeeze=False)
     for h in range(m):
         ax = axes[h, 0]
-        ax.bar(nr - 0.2, first[h, nr], width=0.4, label="step 0", color="lightgrey")
-        ax.bar(nr + 0.2, last[h, nr], width=0.4, label=f"step {last_step}")
-        ax.axhline(1 - 1 / graph.T, ls="--", color="k", lw=0.8, label="1 - 1/T")
-        ax.set_ylim(0, 1.05)
-        ax.set_ylabel(f"head {h}: P̄[i, p(i)]")
-        _integer_axis(ax.xaxis)
-        ax.legend(fontsize=7, loc="lower right", framealpha=0.6)
+        _parent_bars(ax, nr, first[h, nr], last[h, nr], last_step, graph.T, f"head {h}: P̄[i, p(i)]")
     axes[-1, 0].set_xlabel("position i (non-roots)")
     if context:
         axes[0, 0].set_title(context, fontsize=9)
     save_figure(fig, path)
+
+
+def _parent_bars(ax, rows, first, last, last_step, T: int, ylabel: str) -> None:
+    """Bars of the attention to the parent at ``rows``: step 0 beside ``last_step``, and the ``1 - 1/T`` line."""
+    ax.bar(rows - 0.2, first, width=0.4, label="step 0", color="lightgrey")
+    ax.bar(rows + 0.2, last, width=0.4, label=f"step {last_step}")
+    ax.axhline(1 - 1 / T, ls="--", color="k", lw=0.8, label="1 - 1/T")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel(ylabel)
+    _integer_axis(ax.xaxis)
+    ax.legend(fontsize=7, loc="lower right", framealpha=0.6)
