@@ -1,4 +1,5 @@
-"""Layers in one direction (issue 19): subpackages import each other at most one way, and theory/ imports no engine.
+"""Layers in one direction (issue 19): subpackages import each other at most one way, and theory/ imports no engine;
+inside one subpackage, no two modules import each other, directly or through others (issue 26).
 
 The import graph is read from the source (every ``import`` statement, function-level ones included), so a
 lazy import counts too. The root package (``popgrad/__init__.py``, the facade that re-exports every layer)
@@ -47,6 +48,97 @@ def import_graph() -> dict:
                     if a != b:
                         graph.setdefault(a, {}).setdefault(b, []).append((module, t))
     return graph
+
+
+def _module_name(path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    return ".".join(rel.parts[:-1] if rel.parts[-1] == "__init__" else rel.parts)
+
+
+def module_graph() -> dict:
+    """``{module: {imported module: line}}`` between popgrad's modules (``popgrad.app.kinds`` is the package's
+    ``__init__``), every ``import`` statement counted, function-level and ``TYPE_CHECKING`` ones included.
+
+    ``from X import name`` is an edge to the module ``X.name`` when that is a module, else to ``X``.
+    The implicit import of a parent package (Python imports ``popgrad.app`` before ``popgrad.app.jobs``) is
+    not an edge: an ``__init__`` that re-exports its modules would otherwise close a circle with each of them.
+    """
+    paths = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    graph: dict = {m: {} for m in paths}
+    for module, path in paths.items():
+        package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                else:
+                    base = node.module or ""
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in paths and "." in t:
+                    t = t.rsplit(".", 1)[0]
+                if t in paths and t != module:
+                    graph[module].setdefault(t, node.lineno)
+    return graph
+
+
+def circles_within_layers(graph=None) -> list:
+    """Every import circle among the modules of one layer (strongly connected components of more than one
+    module, or a module importing itself), each as a sorted list of modules."""
+    graph = module_graph() if graph is None else graph
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's algorithm, iterative over each node's edges
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, {}):
+            if _layer(w) != _layer(v):
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_import_circle_inside_a_subpackage():
+    """``app/config.py`` ↔ ``app/kinds.py`` (a lazy import one way, a top-level one the other) was such a circle."""
+    circles = circles_within_layers()
+    g = module_graph()
+    assert circles == [], [{m: sorted(set(g[m]) & set(c)) for m in c} for c in circles]
+
+
+def test_the_circle_check_catches_a_circle():
+    """Two modules of one layer importing each other (one of them lazily) are found, and a circle that spans
+    layers is the other test's business."""
+    g = module_graph()
+    assert "popgrad.app.config" in g and "popgrad.app.kinds" in g["popgrad.app.config"]
+    g["popgrad.app.kinds"] = dict(g["popgrad.app.kinds"], **{"popgrad.app.config": 1})
+    assert ["popgrad.app.config", "popgrad.app.kinds"] in circles_within_layers(g)
+    three = {"popgrad.x.a": {"popgrad.x.b": 1}, "popgrad.x.b": {"popgrad.x.c": 1}, "popgrad.x.c": {"popgrad.x.a": 1}}
+    assert circles_within_layers(three) == [["popgrad.x.a", "popgrad.x.b", "popgrad.x.c"]]
+    assert circles_within_layers({"popgrad.x.a": {"popgrad.y.b": 1}, "popgrad.y.b": {"popgrad.x.a": 1}}) == []
 
 
 def test_the_graph_sees_the_known_edges():

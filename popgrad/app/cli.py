@@ -26,11 +26,10 @@ import sys
 
 from .. import __version__
 from .._signals import Terminated, cli_session, is_cli_process, say, sigint_seen
-from ..train.config import GRADIENTS, SCHEDULES, STAGE2_METHODS
-from ..train.optim import LR_SCHEDULES, OPTIMIZERS
-from .config import ARG_SPECS, CATFORMER_DEFAULTS, DEFAULTS, MODELS, check_value, load_config_file, merge, resolve
+from .config import ARG_SPECS, check_value, load_config_file, merge, resolve
 from .jobs import EXIT_DIVERGED, run
-from .kinds import build_task
+from .kinds import KINDS, model_flag
+from .tasks import RUN_FLAGS, TASK_FLAGS, build_task
 
 
 # ------------------------------------------------------------------ config
@@ -56,24 +55,21 @@ def _arg(key):
     return convert
 
 
+def _add_flag(p, f) -> None:
+    """One :class:`popgrad.app.settings.Flag` as an argparse option (``bool``: ``--KEY`` and ``--no-KEY``)."""
+    if f.kind == "bool":
+        p.add_argument(f.flag, dest=f.key, action="store_true", default=None, help=f.help)
+        p.add_argument("--no-" + f.flag[2:], dest=f.key, action="store_false", help=f.help_off)
+    elif f.choices is not None:
+        p.add_argument(f.flag, dest=f.key, choices=f.choices, help=f.help)
+    else:
+        p.add_argument(f.flag, dest=f.key, type=_arg(f.key), help=f.help)
+
+
 def _add_task_flags(p):
     p.add_argument("--config", metavar="FILE.toml", help="settings file; flags override it")
-    p.add_argument("--graph", help="chain | icl | random | ngram | two-parent | a parents string such as "
-                                   "-1,0,0,1,-1 (default chain)")
-    p.add_argument("--n", type=_arg("n"), help="n of --graph ngram: n-1 parents per token (default 3)")
-    p.add_argument("--S", type=_arg("S"), help=f"alphabet size (default {DEFAULTS['S']})")
-    p.add_argument("--T", type=_arg("T"), help=f"sequence length incl. the query (default {DEFAULTS['T']})")
-    p.add_argument("--alpha", type=_arg("alpha"), help="Dirichlet concentration of the prior (default 1.0)")
-    p.add_argument("--atoms", type=_arg("atoms"), help="Dirichlet draws before relabeling closure (default 8)")
-    p.add_argument("--seed", type=_arg("seed"), help="seed of the prior (and of --graph random) (default 0)")
-    p.add_argument("--uniform-mean", dest="uniform_mean", action="store_true", default=None,
-                   help="reweight the prior's draws so that E[pi] = 11^T/S (Knowl 10.3; the default)")
-    p.add_argument("--no-uniform-mean", dest="uniform_mean", action="store_false",
-                   help="keep the draws' equal weights (E[pi] not uniform: Knowl 10.3 fails)")
-    p.add_argument("--floor", type=_arg("floor"), help="mix each prior draw with the uniform matrix: "
-                   "pi = (1-floor) D + floor/S, so min pi >= floor/S (Knowl 10.1 with gamma >= floor; default "
-                   f"{DEFAULTS['floor']}, 0 for the raw Dirichlet draws)")
-    p.add_argument("--max-sequences", dest="max_sequences", type=_arg("max_sequences"), help="limit on S**T (default 2**25)")
+    for f in TASK_FLAGS:
+        _add_flag(p, f)
 
 
 def _add_scheduler_flags(p, help_text):
@@ -107,48 +103,18 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run Algorithm 1 exactly (or --model catformer), check the theorems, "
                                        "write a report")
     _add_task_flags(r)
-    r.add_argument("--beta0", type=_arg("beta0"), help="A2(0) = beta0 * I (default 1e-3)")
-    r.add_argument("--lr1", type=_arg("lr1"), help="Stage-1 rate, natural units: eta1 = lr1*S*T/beta0 (default 2)")
-    r.add_argument("--steps1", type=_arg("steps1"), help="Stage-1 steps tau1 (default 300)")
-    r.add_argument("--lr2", type=_arg("lr2"), help="Stage-2 rate, natural units: eta2 = lr2*S (default 2)")
-    r.add_argument("--steps2", type=_arg("steps2"), help="Stage-2 steps tau2 (default 300)")
-    r.add_argument("--gradient", choices=("auto",) + GRADIENTS,
-                   help="Stage-1 gradient: exact (enumeration), field (the exact first-order field, any T) or "
-                        "idealized (Knowl 3); default auto: exact when S**T <= --max-sequences, else field")
-    r.add_argument("--schedule", choices=SCHEDULES, help="Algorithm 1 or joint training")
-    r.add_argument("--stage2", choices=("auto",) + STAGE2_METHODS,
-                   help="Stage 2 on the exact population, or sampled (sample-average approximation on a fixed "
-                        "sample; every number it gives is labelled sampled, with its standard error); default auto: "
-                        "exact when S**T <= --max-sequences")
-    r.add_argument("--samples", type=_arg("samples"), help="sample size of a sampled Stage 2 (default 0: chosen "
-                                                           "from a pilot sample so that the loss's standard error "
-                                                           "is <= 1e-3)")
-    r.add_argument("--sample-seed", dest="sample_seed", type=_arg("sample_seed"),
-                   help="seed of the Stage-2 sample (default 0)")
-    r.add_argument("--record-every", dest="record_every", type=_arg("record_every"),
-                   help="record every N steps (default 10)")
-    r.add_argument("--checkpoint-every", dest="checkpoint_every", type=_arg("checkpoint_every"),
-                   help="checkpoint every N steps (default 100)")
-    r.add_argument("--sweep", dest="sweep", action="store_true", default=None, help="run the T sweeps (default)")
-    r.add_argument("--no-sweep", dest="sweep", action="store_false", help="skip the T sweeps")
-    c = CATFORMER_DEFAULTS
-    r.add_argument("--model", choices=MODELS, help="reduced: the paper's two-layer model (Algorithm 1, or k heads "
-                                                   "for a multi-parent graph; the default); catformer: the full "
-                                                   "disentangled transformer, trained jointly (the flags below)")
-    r.add_argument("--heads", type=_arg("heads"), help=f"catformer: heads per layer, e.g. 2,1 (default {c['heads']})")
-    r.add_argument("--optimizer", choices=OPTIMIZERS, help=f"catformer: the official optimizers on the exact "
-                                                           f"gradient (default {c['optimizer']})")
-    r.add_argument("--lr", type=_arg("lr"), help=f"catformer: peak learning rate (default {c['lr']:g})")
-    r.add_argument("--lr-schedule", dest="lr_schedule", choices=LR_SCHEDULES,
-                   help=f"catformer: optax.cosine_decay_schedule(lr, steps) or constant (default {c['lr_schedule']})")
-    r.add_argument("--weight-decay", dest="weight_decay", type=_arg("weight_decay"),
-                   help="catformer: weight decay (sgd/adam coupled, adamw decoupled; default 0)")
-    r.add_argument("--init-scale", dest="init_scale", type=_arg("init_scale"),
-                   help="catformer: start every Ã at init-scale * N(0, 1), W = 0 (default 0: the zero start)")
-    r.add_argument("--init-seed", dest="init_seed", type=_arg("init_seed"), help="catformer: seed of the start "
-                                                                                "(default 0)")
-    r.add_argument("--steps", type=_arg("steps"), help=f"catformer: optimizer steps (default {c['steps']})")
-    r.add_argument("--out", help="output folder (default popgrad_out)")
+    seen = {f.key for f in TASK_FLAGS}
+    _add_flag(r, model_flag())
+    for kind in KINDS.values():  # each kind's flags, once, under its name (popgrad.app.kinds)
+        own = [f for f in kind.flags if f.key not in seen and f.cli]
+        if own:
+            group = r.add_argument_group(f"--model {kind.model} ({kind.name})")
+            for f in own:
+                _add_flag(group, f)
+                seen.add(f.key)
+    group = r.add_argument_group("the run")
+    for f in RUN_FLAGS:
+        _add_flag(group, f)
     r.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.npz")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_scheduler_flags(r, "Dask scheduler, e.g. tcp://host:8786: split each exact enumeration of the training "

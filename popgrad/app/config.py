@@ -1,28 +1,23 @@
 """The one run configuration of ``popgrad run``, ``popgrad sweep`` and :func:`popgrad.app.jobs.run`.
 
-This module owns every setting of a run:
+Generic over the kinds of run (:mod:`popgrad.app.kinds`, one module each): this module knows none of them.
 
-* :data:`DEFAULTS` (the reduced model, single-parent), :data:`MULTI_PARENT_DEFAULTS`
-  (the reduced k-head model; its training values are :class:`popgrad.MultiHeadTrainConfig`'s, one
-  value each) and :data:`CATFORMER_DEFAULTS` (``--model catformer``);
-* :data:`ARG_SPECS` -- every config key, with its kind and range, and :func:`check_value`, the one
-  converter and range check (the strings of the command line and the typed values of TOML alike);
+* :data:`ARG_SPECS` -- every config key (the task's and the run's, :mod:`popgrad.app.tasks`, and each
+  registered kind's flags), with its kind and range, and :func:`check_value`, the one converter and
+  range check (the strings of the command line and the typed values of TOML alike);
 * :func:`load_toml`, :func:`load_config_file` -- ``--config FILE.toml`` with one-line errors;
 * :func:`merge` -- the defaults of the run's kind, then the given values; settings that
-  contradict each other (or belong to another model) are refused, never silently resolved;
+  contradict each other (or belong to another kind of run) are refused, never silently resolved;
 * :func:`resolve` -- :func:`merge`, then :func:`settle`: the frozen :class:`RunConfig` with the
-  task built, ``T`` fixed, every ``"auto"`` resolved (one rule,
-  :func:`popgrad.train.config.resolve_auto`) and the trainer's config object validated once.
+  task built, ``T`` fixed, every ``"auto"`` resolved and the trainer's config object validated once.
 
-``popgrad run`` (:mod:`popgrad.app.cli`) and ``popgrad sweep`` (:mod:`popgrad.app.sweep`) both use
-this module; neither imports the other. What differs between the kinds of run is in
-:mod:`popgrad.app.kinds` (one record per kind).
+:data:`DEFAULTS`, :data:`MULTI_PARENT_DEFAULTS` and :data:`CATFORMER_DEFAULTS` are the built-in kinds'
+defaults (defined in their modules). ``popgrad run`` (:mod:`popgrad.app.cli`) and ``popgrad sweep``
+(:mod:`popgrad.app.sweep`) both use this module; neither imports the other.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
 try:
@@ -30,136 +25,70 @@ try:
 except ModuleNotFoundError:  # Python < 3.11
     import tomli as tomllib
 
-from .._validation import ArgumentTypeError
-from ..task import DEFAULT_MAX_SEQUENCES, CausalGraph
-from ..train.config import MultiHeadTrainConfig, TrainConfig
+from .kinds import KINDS, RunConfig, flags, kind_of, models
+from .kinds.catformer import CATFORMER_DEFAULTS
+from .kinds.reduced_k_head import MULTI_PARENT_DEFAULTS
+from .kinds.reduced_single import DEFAULTS
+from .settings import CLIError, CLITypeError, Flag, flag_name
+from .tasks import (MAX_S, MAX_T, MULTI_PARENT_GRAPHS, MULTI_PARENT_TASK_DEFAULTS, RUN_FLAGS, TASK_FLAGS,
+                    check_conflicts, parse_parents)
 
 __all__ = ["DEFAULTS", "MULTI_PARENT_DEFAULTS", "CATFORMER_DEFAULTS", "MULTI_PARENT_GRAPHS", "MODELS", "ARG_SPECS",
            "CLIError", "CLITypeError", "RunConfig", "check_value", "load_toml", "load_config_file", "merge",
-           "resolve", "settle", "check_conflicts"]
+           "resolve", "settle", "check_conflicts", "MAX_S", "MAX_T", "parse_parents",
+           "MULTI_PARENT_TASK_DEFAULTS"]
+
+#: Keys of the task (every kind) and of the run (every kind).
+TASK_KEYS = tuple(f.key for f in TASK_FLAGS)
+RUN_KEYS = tuple(f.key for f in RUN_FLAGS)
 
 
-class CLIError(ValueError):
-    """A user error (a ``ValueError``): printed as one line by the CLI, exit status 2."""
+class _Registry(Mapping):
+    """A read-only view computed from the registry of kinds on every access (a kind registered later counts)."""
+
+    def __init__(self, build):
+        self._build = build
+
+    def __getitem__(self, key):
+        return self._build()[key]
+
+    def __iter__(self):
+        return iter(self._build())
+
+    def __len__(self):
+        return len(self._build())
+
+    def __repr__(self):
+        return repr(self._build())
 
 
-class CLITypeError(CLIError, TypeError):
-    """A user error of the wrong type (a ``TypeError``, also a :class:`CLIError`)."""
+#: ``--model`` values of the registered kinds (the first is the default).
+MODELS = _Registry(lambda: {m: m for m in models()})
 
-
-#: ``--graph`` values that build a multi-parent task.
-MULTI_PARENT_GRAPHS = ("ngram", "two-parent")
-
-#: ``--model`` values: the reduced two-layer model of the paper (Algorithm 1, or k heads) and the
-#: full disentangled transformer (:class:`popgrad.CatFormer`, trained jointly).
-MODELS = ("reduced", "catformer")
-
-#: Largest alphabet and sequence length ``popgrad run`` builds.
-MAX_S = 16
-MAX_T = 4096
-
-_TRAIN = TrainConfig()
-_MULTI = MultiHeadTrainConfig()
-
-#: Built-in defaults of ``popgrad run`` (the reduced model on the induction-head task); the training
-#: values are :class:`popgrad.TrainConfig`'s.
-DEFAULTS = dict(
-    graph="chain", S=3, T=10, alpha=1.0, atoms=8, seed=0,
-    n=3,  # --graph ngram: the n of the n-gram (multi-parent graphs)
-    uniform_mean=True,  # Knowl 10.3 (E[pi] = 11^T/S)
-    floor=0.15,  # Knowl 10.1: min pi >= floor/S (gamma >= 0.15); non-degeneracy 0.017 >= gamma^2/S
-    beta0=_TRAIN.beta0, lr1=_TRAIN.lr1, steps1=_TRAIN.steps1, lr2=_TRAIN.lr2, steps2=_TRAIN.steps2,
-    gradient="auto", stage2="auto", samples=_TRAIN.samples, sample_seed=_TRAIN.sample_seed,
-    schedule=_TRAIN.schedule, record_every=_TRAIN.record_every, checkpoint_every=100, sweep=True,
-    out="popgrad_out", max_sequences=DEFAULT_MAX_SEQUENCES,
-)
-
-#: Task defaults that replace :data:`DEFAULTS` for ``--graph ngram|two-parent`` unless given (any model).
-MULTI_PARENT_TASK_DEFAULTS = dict(S=2, T=12, atoms=16, floor=0.0)
-
-#: Defaults that replace :data:`DEFAULTS` for the reduced model on ``--graph ngram|two-parent`` unless
-#: given in the config file or by a flag: k heads train jointly from a seeded start (the training values
-#: are :class:`popgrad.MultiHeadTrainConfig`'s, as in :func:`popgrad.train_multi_head`).
-MULTI_PARENT_DEFAULTS = dict(
-    MULTI_PARENT_TASK_DEFAULTS, beta0=_MULTI.beta0, lr1=_MULTI.lr1, steps1=_MULTI.steps1, lr2=_MULTI.lr2,
-    steps2=_MULTI.steps2, schedule=_MULTI.schedule, record_every=50, checkpoint_every=500,
-)
-
-#: Keys of the task (every model) and of the run (every model).
-TASK_KEYS = ("graph", "S", "T", "alpha", "atoms", "seed", "n", "uniform_mean", "floor", "max_sequences")
-RUN_KEYS = ("record_every", "checkpoint_every", "out")
-
-#: Defaults of ``--model catformer`` (the official single-parent recipe: SGD, lr 1, cosine decay, zero
-#: start); ``record_every`` not given is ``max(1, steps // 128)`` (the official ``n_save = 128``).
-CATFORMER_DEFAULTS = dict(model="catformer", heads="1,1", optimizer="sgd", lr=1.0, lr_schedule="cosine",
-                          weight_decay=0.0, init_scale=0.0, init_seed=0, steps=300)
-
-#: Keys only the reduced model has.
-REDUCED_KEYS = tuple(k for k in DEFAULTS if k not in TASK_KEYS + RUN_KEYS)
-
-
-#: key -> (kind, minimum, strict). ``kind`` is "int", "real", "bool" or "str"; a real is checked
-#: ``> minimum`` when strict, else ``>= minimum``.
-ARG_SPECS = {
-    "graph": ("str", None, False), "S": ("int", 2, False), "T": ("int", 2, False), "alpha": ("real", 0, True),
-    "atoms": ("int", 1, False), "seed": ("int", 0, False), "uniform_mean": ("bool", None, False),
-    "floor": ("real", 0, False),
-    "beta0": ("real", 0, True), "lr1": ("real", 0, False), "steps1": ("int", 0, False), "lr2": ("real", 0, False),
-    "steps2": ("int", 0, False), "gradient": ("str", None, False), "schedule": ("str", None, False),
-    "record_every": ("int", 1, False), "checkpoint_every": ("int", 0, False), "sweep": ("bool", None, False),
-    "out": ("str", None, False), "max_sequences": ("int", 1, False), "n": ("int", 2, False),
-    "stage2": ("str", None, False), "samples": ("int", 0, False), "sample_seed": ("int", 0, False),
-    "model": ("str", None, False), "heads": ("str", None, False), "optimizer": ("str", None, False),
-    "lr": ("real", 0, True), "lr_schedule": ("str", None, False), "weight_decay": ("real", 0, False),
-    "init_scale": ("real", 0, False), "init_seed": ("int", 0, False), "steps": ("int", 1, False),
-}
+#: key -> (kind, minimum, strict) of every config key. ``kind`` is "int", "real", "bool" or "str"; a real is
+#: checked ``> minimum`` when strict, else ``>= minimum``. Built from the :class:`~popgrad.app.settings.Flag` s.
+ARG_SPECS = _Registry(lambda: {f.key: f.spec for f in flags()})
 
 #: Options of a command that are not config keys (never in a config file or a sweep spec).
-OPTION_SPECS = {"workers": ("int", 1, False)}
-_SPECS = {**ARG_SPECS, **OPTION_SPECS}
+OPTION_FLAGS = (Flag("workers", "int", 1),)
+OPTION_SPECS = {f.key: f.spec for f in OPTION_FLAGS}
 
 
-def _want(key) -> str:
-    kind, minimum, strict = _SPECS[key]
-    if kind == "int":
-        return "an integer" + ("" if minimum is None else f" >= {minimum}")
-    if kind == "real":
-        return "a finite number" + ("" if minimum is None else f" {'>' if strict else '>='} {minimum:g}")
-    return {"bool": "true or false", "str": "a string"}[kind]
+def _flag(key) -> Flag:
+    for f in flags() + OPTION_FLAGS:
+        if f.key == key:
+            return f
+    raise KeyError(key)
 
 
 def check_value(key, value):
-    """``value`` converted and range-checked for config key ``key``.
+    """``value`` converted and range-checked for config key ``key`` (:meth:`popgrad.app.settings.Flag.check`).
 
-    Accepts the strings of the command line and the typed values of a config
-    file or sweep spec. Raises :class:`popgrad._validation.ArgumentTypeError`
-    (a ``TypeError``, also a ``ValueError``) for a value of the wrong kind and
-    ``ValueError`` for one out of range, both ``"expected ..., got ..."``.
+    Accepts the strings of the command line and the typed values of a config file or sweep spec.
+    Raises :class:`popgrad._validation.ArgumentTypeError` (a ``TypeError``, also a ``ValueError``) for a
+    value of the wrong kind and ``ValueError`` for one out of range, both ``"expected ..., got ..."``.
     """
-    kind, minimum, strict = _SPECS[key]
-    text = f"expected {_want(key)}, got {value!r}"
-    if kind in ("str", "bool"):
-        if not isinstance(value, str if kind == "str" else bool):
-            raise ArgumentTypeError(text)
-        return value
-    if isinstance(value, bool):
-        raise ArgumentTypeError(text)
-    if isinstance(value, str):
-        try:
-            value = int(value.strip()) if kind == "int" else float(value.strip())
-        except ValueError:
-            raise ArgumentTypeError(text) from None
-    if kind == "int" and not isinstance(value, int):
-        raise ArgumentTypeError(text)
-    if kind == "real":
-        if not isinstance(value, (int, float)):
-            raise ArgumentTypeError(text)
-        value = float(value)
-        if not math.isfinite(value):
-            raise ValueError(text)
-    if minimum is not None and (value <= minimum if strict else value < minimum):
-        raise ValueError(text)
-    return value
+    return _flag(key).check(value)
 
 
 def checked(key, value, where: str):
@@ -203,77 +132,35 @@ def load_config_file(path) -> dict:
     return out
 
 
-def _flag(key: str) -> str:
-    return "--" + key.replace("_", "-")
-
-
 def merge(values: Mapping, given=None) -> dict:
     """The full settings of a run as a dict: the defaults of its kind, then ``values``; conflicts refused.
 
-    ``--model reduced`` (the default; ``model`` is then not a key of the result, as before the
-    full model existed): :data:`DEFAULTS`, and for a multi-parent graph
-    :data:`MULTI_PARENT_DEFAULTS` for the keys not in ``given``. ``--model catformer``: the task and
-    run keys of :data:`DEFAULTS` (the multi-parent task defaults for a multi-parent graph) and
-    :data:`CATFORMER_DEFAULTS`. ``given`` (default: ``values``' keys) are the keys set by the user.
+    The kind is :func:`popgrad.app.kinds.kind_of` ``values``; its ``defaults`` come first (the default
+    model's record no ``model`` key), then ``values``, then its ``graph_defaults`` for the keys not in
+    ``given`` (default: ``values``' keys, the keys set by the user). A key of another kind of run is
+    refused, naming the ``--model`` it belongs to.
     """
     given = set(values) if given is None else set(given)
-    model = values.get("model", "reduced")
-    if model not in MODELS:
-        raise CLIError(f"--model {model!r}: use {' or '.join(MODELS)}")
-    multi = values.get("graph", DEFAULTS["graph"]) in MULTI_PARENT_GRAPHS
-    if model == "reduced":
-        other = [k for k in CATFORMER_DEFAULTS if k in given and k != "model"]
-        if other:
-            raise CLIError(f"{_flag(other[0])} only applies to --model catformer: drop it, or add --model catformer")
-        cfg = dict(DEFAULTS)
-        defaults = MULTI_PARENT_DEFAULTS
-    else:
-        other = [k for k in REDUCED_KEYS if k in given]
-        if other:
-            raise CLIError(f"{_flag(other[0])} only applies to --model reduced (the full model trains with "
-                           "--optimizer, --lr, --lr-schedule, --weight-decay, --init-scale, --init-seed, --steps): "
-                           "drop it")
-        cfg = {k: DEFAULTS[k] for k in TASK_KEYS + RUN_KEYS if k != "record_every"}
-        cfg.update(CATFORMER_DEFAULTS)
-        defaults = MULTI_PARENT_TASK_DEFAULTS
-    cfg.update({k: v for k, v in values.items() if not (k == "model" and model == "reduced")})
-    if multi:
-        cfg.update({k: v for k, v in defaults.items() if k not in given})
+    kind = kind_of(values)
+    mine = set(kind.defaults) | {f.key for f in kind.flags} | set(TASK_KEYS) | set(RUN_KEYS) | {"model"}
+    other = [k for k in values if k in given and k not in mine and k in ARG_SPECS]
+    if other:
+        raise CLIError(_foreign(other[0], kind, "model" in given))
+    cfg = dict(kind.defaults)
+    cfg.update({k: v for k, v in values.items() if k != "model" or "model" in kind.defaults})
+    cfg.update({k: v for k, v in kind.graph_defaults(cfg).items() if k not in given})
     check_conflicts(cfg, given)
     return cfg
 
 
-@dataclass(frozen=True, eq=False)
-class RunConfig(Mapping):
-    """A run's settings, resolved and frozen: a read-only mapping of the config keys, and what they build.
-
-    ``cfg["S"]``, ``cfg.get("gradient")``, ``dict(cfg)`` read the settings (``T`` fixed by the graph,
-    every ``"auto"`` resolved); they are what ``report.json`` records under ``config``.
-
-    Attributes
-    ----------
-    settings : Mapping
-        The settings (read-only).
-    kind : popgrad.app.kinds.Kind
-        The record of this kind of run (trainer, checks, figures).
-    task : Task or MultiParentTask
-    train : TrainConfig, MultiHeadTrainConfig or CatFormerSettings
-        The trainer's config object (validated).
-    """
-
-    settings: Mapping
-    kind: object
-    task: object
-    train: object
-
-    def __getitem__(self, key):
-        return self.settings[key]
-
-    def __iter__(self):
-        return iter(self.settings)
-
-    def __len__(self):
-        return len(self.settings)
+def _foreign(key: str, kind, model_given: bool) -> str:
+    """The error for ``key``, a setting of another kind of run than ``kind``."""
+    owners = list(dict.fromkeys(k.model for k in KINDS.values() if any(f.key == key for f in k.flags)))
+    text = f"{flag_name(key)} only applies to --model {' or '.join(owners)}"
+    if model_given or kind.model != models()[0]:
+        own = ", ".join(f.flag for f in kind.flags)
+        return text + (f" (--model {kind.model} trains with {own})" if own else "") + ": drop it"
+    return text + f": drop it, or add --model {owners[0]}"
 
 
 def settle(cfg: Mapping) -> RunConfig:
@@ -282,8 +169,6 @@ def settle(cfg: Mapping) -> RunConfig:
     validated; every problem one :class:`CLIError` line."""
     if isinstance(cfg, RunConfig):
         return cfg
-    from .kinds import kind_of  # the kind table builds on this module
-
     kind = kind_of(cfg)
     values = dict(cfg)
     task = kind.build_task(values)
@@ -296,37 +181,3 @@ def settle(cfg: Mapping) -> RunConfig:
 def resolve(values: Mapping, given=None) -> RunConfig:
     """:func:`merge`, then :func:`settle`: the frozen configuration of a run."""
     return settle(merge(values, given))
-
-
-def parse_parents(spec: str):
-    """``--graph`` as a parents string, every error naming the flag and the entry at fault."""
-    parts = [p.strip() for p in spec.split(",")]
-    for i, part in enumerate(parts):
-        if not part.lstrip("-").isdigit():
-            raise CLIError(f"--graph {spec!r}: entry {i} = {part!r} is not an integer: give parents such as "
-                           "-1,0,0,1,-1 (-1 for a root, else an earlier position)")
-        v = int(part)
-        if i == len(parts) - 1 and v != -1:
-            raise CLIError(f"--graph {spec!r}: the last entry (the query) must be -1, got {v}")
-        if not -1 <= v < i:
-            where = "a root" if i == 0 else f"-1 for a root or a position in 0..{i - 1}"
-            raise CLIError(f"--graph {spec!r}: entry {i} = {v} is not a valid parent: position {i} can only have "
-                           f"{'-1 (' + where + ')' if i == 0 else where}")
-    if not 2 <= len(parts) <= MAX_T:
-        raise CLIError(f"--graph {spec!r} has {len(parts)} positions: use 2 <= T <= {MAX_T}")
-    try:
-        return CausalGraph.from_string(spec)
-    except ValueError as exc:
-        raise CLIError(f"--graph {spec!r}: {exc}") from None
-
-
-def check_conflicts(cfg: dict, given: set) -> None:
-    """Settings that contradict each other are an error, never silently ignored."""
-    spec = cfg["graph"]
-    if "T" in given and ("," in spec or spec.lstrip("-").isdigit()):
-        T = parse_parents(spec).T  # the graph's own errors first
-        if cfg["T"] != T:
-            raise CLIError(f"--T {cfg['T']} conflicts with --graph {spec!r}, which has T = {T} positions: "
-                           "drop --T (a parents string fixes T)")
-    if "n" in given and spec != "ngram":
-        raise CLIError(f"--n {cfg['n']} only applies to --graph ngram (got --graph {spec}): drop --n")

@@ -20,7 +20,8 @@ from .._validation import as_int
 from ..task import Task, chain
 from .config import (DEFAULTS, MULTI_PARENT_DEFAULTS, MULTI_PARENT_GRAPHS, CLIError, CLITypeError, RunConfig,
                      settle)
-from .kinds import build_task, graph_family
+from .kinds import KINDS
+from .tasks import build_task, graph_family
 from .plots import plot_loss, run_context
 from .report import build_report, write_report
 from .scheduler import HANDSHAKE_TIMEOUT, check_scheduler_address, connect_scheduler
@@ -31,8 +32,13 @@ __all__ = ["DEFAULTS", "MULTI_PARENT_DEFAULTS", "MULTI_PARENT_GRAPHS", "CLIError
 
 #: Every file ``popgrad run`` may write into ``--out`` (besides ``checkpoint.npz``); those a run does
 #: not produce are removed when it finishes (stale outputs of an earlier, different run).
-RUN_OUTPUTS = ("report.json", "report.md", "trajectory.npz", "attention.png", "loss.png", "gradient_cosine.png",
-               "attention_to_parent.png")
+RUN_OUTPUTS = ("report.json", "report.md", "report.html", "trajectory.npz", "attention.png", "loss.png",
+               "gradient_cosine.png", "attention_to_parent.png")
+
+
+def run_outputs() -> tuple:
+    """:data:`RUN_OUTPUTS` and every figure a registered kind of run may write."""
+    return tuple(dict.fromkeys(RUN_OUTPUTS + tuple(f for k in KINDS.values() for f in k.figures)))
 
 #: Exit status of ``popgrad run`` when training diverged (the report is written, with the status).
 EXIT_DIVERGED = 3
@@ -61,7 +67,7 @@ def _settled(cfg) -> RunConfig:
 
 def output_paths(cfg, resume: bool):
     """``(out, checkpoint)`` paths, validated before anything is written."""
-    out = check_output_dir(cfg["out"], "--out", RUN_OUTPUTS + ("checkpoint.npz",))
+    out = check_output_dir(cfg["out"], "--out", run_outputs() + ("checkpoint.npz",))
     ckpt = os.path.join(out, "checkpoint.npz")
     if resume and not os.path.exists(ckpt):
         raise CLIError(f"--resume: no checkpoint at {ckpt}; run once without --resume")
@@ -171,7 +177,7 @@ def run(cfg, resume: bool = False, progress: bool = True, log=print, figures: bo
         log("compiling kernels (first run only)…")
     estimate_field_seconds(rc, task, log)
     t0 = time.perf_counter()
-    with OutputDir(out, outputs=RUN_OUTPUTS, flag="--out") as od:
+    with OutputDir(out, outputs=run_outputs(), flag="--out") as od:
         ckpt = od.keep("checkpoint.npz")
         traj = kind.train(rc, checkpoint_path=ckpt, checkpoint_every=rc["checkpoint_every"], resume=resume,
                           progress=progress, client=client)
@@ -193,7 +199,9 @@ def run(cfg, resume: bool = False, progress: bool = True, log=print, figures: bo
                 plot_loss(traj, refs, os.path.join(stage, "loss.png"), context=context)
             else:
                 kind.plots(stage, rc, traj, refs, context)
-        write_report(stage, report)
+        shown = ("loss.png",) if diverged else kind.figures
+        write_report(stage, report, sections=kind.markdown(report),
+                     figures=[os.path.join(stage, f) for f in shown] if figures else ())
         try:
             od.commit()
         except OSError as exc:

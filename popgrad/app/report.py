@@ -1,6 +1,9 @@
-"""Reports of a run: ``report.json`` (machine-readable) and ``report.md`` (a table).
+"""Reports of a run: ``report.json`` (machine-readable), ``report.md`` (tables) and ``report.html``.
 
-Both are written atomically. The population is exact *for the finite prior*
+``report.md`` shows every number with 4 significant digits and every per-row, per-position or
+per-head detail as a table, never a Python repr; ``report.html`` (:mod:`popgrad.app.report_html`) is
+the same report as one self-contained page, figures embedded, verdict table at the top. All are
+written atomically. The population is exact *for the finite prior*
 of the run (its atoms and weights); every report says so.
 """
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+from collections.abc import Mapping
 
 import numba
 import numpy as np
@@ -41,7 +45,8 @@ REFERENCE_LABELS = {
     "L_floor_eps": "L_floor,ε: the exact floor of the ε-loss (lower bound of every model)",
 }
 
-__all__ = ["build_report", "write_report", "render_markdown", "atomic_write_text", "versions"]
+__all__ = ["build_report", "write_report", "render_markdown", "atomic_write_text", "versions", "fmt",
+           "reference_value", "detail_lines"]
 
 
 def versions() -> dict:
@@ -108,16 +113,68 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
     )
 
 
-def _fmt(x) -> str:
+def fmt(x) -> str:
+    """A value as report.md shows it: numbers with 4 significant digits, lists and mappings written out
+    (never a Python repr)."""
     if x is None:
         return "n/a"
-    if isinstance(x, bool):
-        return str(x)
+    if isinstance(x, (bool, np.bool_)):
+        return str(bool(x))
     if isinstance(x, (int, np.integer)):
-        return str(x)
-    if isinstance(x, float):
-        return f"{x:.4g}"
+        return str(int(x))
+    if isinstance(x, (float, np.floating)):
+        return f"{float(x):.4g}"
+    if isinstance(x, Mapping):
+        return ", ".join(f"{k}: {fmt(v)}" for k, v in x.items()) if x else "none"
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return "[" + ", ".join(fmt(v) for v in x) + "]"
     return str(x)
+
+
+_fmt = fmt
+
+
+def _is_scalar(v) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str, np.generic))
+
+
+def _cell(v) -> str:
+    return fmt(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header, rows) -> list:
+    return (["", "| " + " | ".join(str(h) for h in header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows] + [""])
+
+
+def detail_lines(key, v) -> list:
+    """One detail of a check as report.md lines: a scalar or a short list on one line; a matrix, a
+    mapping of rows (per row, per position, per head) or a list of records as a table."""
+    if isinstance(v, Mapping) and v and all(isinstance(r, Mapping) for r in v.values()):
+        cols = list(dict.fromkeys(c for r in v.values() for c in r))
+        return [f"- {key}:"] + _table([key.rsplit("per_", 1)[1] if "per_" in key else "key"] + cols,
+                                      [[k] + [r.get(c) for c in cols] for k, r in v.items()])
+    if isinstance(v, Mapping) and v and all(isinstance(r, (list, tuple)) and all(map(_is_scalar, r))
+                                            for r in v.values()):
+        width = max(len(r) for r in v.values())
+        return [f"- {key}:"] + _table(["key"] + list(range(width)),
+                                      [[k] + list(r) + [None] * (width - len(r)) for k, r in v.items()])
+    if isinstance(v, (list, tuple)) and v and all(isinstance(r, Mapping) for r in v):
+        cols = list(dict.fromkeys(c for r in v for c in r))
+        return [f"- {key}:"] + _table(["#"] + cols, [[i] + [r.get(c) for c in cols] for i, r in enumerate(v)])
+    per = key.startswith("per_") or "_per_" in key
+    if per and isinstance(v, Mapping) and v and all(map(_is_scalar, v.values())):
+        return [f"- {key}:"] + _table([key.rsplit("per_", 1)[1], "value"], [[k, x] for k, x in v.items()])
+    if per and isinstance(v, (list, tuple)) and v and all(map(_is_scalar, v)):
+        return [f"- {key}:"] + _table([key.rsplit("per_", 1)[1], "value"], list(enumerate(v)))
+    if isinstance(v, (list, tuple)) and v and all(isinstance(r, (list, tuple)) for r in v):
+        if all(all(map(_is_scalar, r)) for r in v):
+            width = max(len(r) for r in v)
+            return [f"- {key} (matrix, rows × columns):"] + _table(
+                ["row"] + list(range(width)), [[i] + list(r) + [None] * (width - len(r)) for i, r in enumerate(v)])
+    if isinstance(v, (list, tuple)):
+        return [f"- {key}: " + (", ".join(fmt(x) for x in v) if v else "none")]
+    return [f"- {key}: {fmt(v)}"]
 
 
 def _kind(v) -> str:
@@ -140,8 +197,9 @@ def reference_value(v):
     return v.get("value") if isinstance(v, dict) else v
 
 
-def render_markdown(report: dict) -> str:
-    """The report as Markdown: task, references, checks table, details."""
+def render_markdown(report: dict, sections=()) -> str:
+    """The report as Markdown: task, references, checks table, ``sections`` (the kind's report.md lines,
+    :meth:`popgrad.app.kinds.Kind.markdown`), details."""
     t = report["task"]
     cfg = report["config"]
     lines = [
@@ -204,25 +262,7 @@ def render_markdown(report: dict) -> str:
     if counts:
         lines += ["", "Verdicts: " + ", ".join(f"{counts[k]} {k}" for k in STATUS_NAMES) +
                   f"; all decided checks passed: {report['all_passed']}."]
-    sweep = report.get("loss_sweep")
-    if sweep:
-        lines += [
-            "",
-            "## Loss sweep over T (trained at each T with the same settings)",
-            "",
-            "| T | T_eff | L_ε(θ̂) - L*_ε | L_ε(θ̂) - L_Bayes,ε | L_ε(θ̂) - L_floor,ε (≥ 0) |",
-            "|---|---|---|---|---|",
-        ]
-        floor = sweep.get("excess_over_floor_eps") or [None] * len(sweep["T"])
-        for row in zip(sweep["T"], sweep["t_eff"], sweep["excess_over_L_star_eps"], sweep["excess_over_bayes_eps"],
-                       floor):
-            lines.append("| " + " | ".join(_fmt(x) for x in row) + " |")
-        lines += [
-            "",
-            f"Fitted exponent of L_ε(θ̂) - L*_ε against T_eff: {_fmt(sweep['fitted_exponent'])} "
-            f"± {_fmt(sweep['fitted_exponent_stderr'])} (standard error).",
-        ]
-    lines += _catformer_section(report.get("catformer"))
+    lines += list(sections)
     lines += ["", "## Details", ""]
     for c in report["checks"]:
         lines.append(f"### {c['name']}")
@@ -230,37 +270,19 @@ def render_markdown(report: dict) -> str:
         lines.append(c["statement"])
         lines.append("")
         for k, v in c["details"].items():
-            if isinstance(v, list) and len(v) > 0 and isinstance(v[0], list):
-                v = "matrix " + json.dumps(v)
-            elif isinstance(v, dict):
-                v = ", ".join(f"{kk}: {_fmt(vv)}" for kk, vv in v.items())
-            elif isinstance(v, list):
-                v = ", ".join(_fmt(x) for x in v)
-            else:
-                v = _fmt(v)
-            lines.append(f"- {k}: {v}")
+            lines += detail_lines(k, v)
         lines.append("")
     return "\n".join(lines) + "\n"
 
 
-def _catformer_section(cat) -> list:
-    """The full model's section of report.md: final loss against the references, attention to the parent."""
-    if not cat:
-        return []
-    ex = cat["excess_over"]
-    lines = ["", "## The full model (population-average layer-1 attention)", "",
-             f"Heads per layer {tuple(cat['heads'])}; final loss {_fmt(cat['final_loss'])}; final loss minus the "
-             f"Bayes loss {_fmt(ex['bayes'])}, minus the exact floor {_fmt(ex['floor'])}, minus the (smoothed) "
-             f"count estimator {_fmt(ex['count_estimator'])}.", ""]
-    rows = cat["attention_to_parent_per_position"]
-    cols = [i for i in range(len(rows[0])) if any(r[i] is not None and np.isfinite(r[i]) for r in rows)]
-    lines += ["| head | " + " | ".join(f"P̄[{i}, p({i})]" for i in cols) + " |",
-              "|---|" + "---|" * len(cols)]
-    lines += [f"| {h} | " + " | ".join(_fmt(r[i]) for i in cols) + " |" for h, r in enumerate(rows)]
-    return lines
+def write_report(out_dir, report: dict, sections=(), figures=()) -> None:
+    """Write ``report.json``, ``report.md`` and ``report.html`` into ``out_dir``, each atomically.
 
+    ``sections``: the kind's report.md lines (:meth:`popgrad.app.kinds.Kind.markdown`); ``figures``: the
+    PNG files the HTML page embeds (those that exist)."""
+    from .report_html import render_html
 
-def write_report(out_dir, report: dict) -> None:
-    """Write ``report.json`` and ``report.md`` into ``out_dir`` atomically."""
+    markdown = render_markdown(report, sections)
     atomic_write_text(os.path.join(out_dir, "report.json"), json.dumps(report, indent=2) + "\n")
-    atomic_write_text(os.path.join(out_dir, "report.md"), render_markdown(report))
+    atomic_write_text(os.path.join(out_dir, "report.md"), markdown)
+    atomic_write_text(os.path.join(out_dir, "report.html"), render_html(report, markdown, figures))

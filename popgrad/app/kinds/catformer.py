@@ -1,0 +1,163 @@
+"""Kind ``catformer``: the full disentangled transformer (``--model catformer``), trained jointly, any task.
+
+Trainer :func:`popgrad.train_catformer` with the official optimizers; references at ``ε = 0``
+(:func:`popgrad.checks.suites.softmax_reference_losses`: the softmax readout's loss); checks
+``catformer_graph_recovery`` (single-parent), ``head_specialization`` (k-parent, on the
+population-average attention) and ``induction_head``; figures ``loss.png``, ``attention.png``
+(population-average layer-1 attention of each head beside the true graph), ``attention_to_parent.png``.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+from ...checks import catformer as CC
+from ...checks.suites import softmax_reference_losses
+from ...model.catformer import CatFormer
+from ...train.catformer import CatFormerScheme, CatFormerTrainConfig, train_catformer
+from ...train.loop import load_checkpoint
+from ...train.optim import LR_SCHEDULES, OPTIMIZERS
+from .. import plots as P
+from ..report import fmt, reference_value
+from ..settings import CLIError, Flag
+from ..tasks import MULTI_PARENT_TASK_DEFAULTS, is_multi_parent
+from ._common import KindBase, common_defaults
+
+__all__ = ["KIND", "CATFORMER_DEFAULTS", "FLAGS", "parse_heads"]
+
+#: Defaults of ``--model catformer`` (the official single-parent recipe: SGD, lr 1, cosine decay, zero
+#: start); ``record_every`` not given is ``max(1, steps // 128)`` (the official ``n_save = 128``).
+CATFORMER_DEFAULTS = dict(model="catformer", heads="1,1", optimizer="sgd", lr=1.0, lr_schedule="cosine",
+                          weight_decay=0.0, init_scale=0.0, init_seed=0, steps=300)
+
+_c = CATFORMER_DEFAULTS
+FLAGS = (
+    Flag("heads", "str", help=f"catformer: heads per layer, e.g. 2,1 (default {_c['heads']})"),
+    Flag("optimizer", "str", choices=OPTIMIZERS,
+         help=f"catformer: the official optimizers on the exact gradient (default {_c['optimizer']})"),
+    Flag("lr", "real", 0, True, help=f"catformer: peak learning rate (default {_c['lr']:g})"),
+    Flag("lr_schedule", "str", choices=LR_SCHEDULES,
+         help=f"catformer: optax.cosine_decay_schedule(lr, steps) or constant (default {_c['lr_schedule']})"),
+    Flag("weight_decay", "real", 0, help="catformer: weight decay (sgd/adam coupled, adamw decoupled; default 0)"),
+    Flag("init_scale", "real", 0, help="catformer: start every Ã at init-scale * N(0, 1), W = 0 (default 0: the "
+                                       "zero start)"),
+    Flag("init_seed", "int", 0, help="catformer: seed of the start (default 0)"),
+    Flag("steps", "int", 1, help=f"catformer: optimizer steps (default {_c['steps']})"),
+)
+
+
+def parse_heads(text) -> tuple:
+    """``--heads 2,1`` as ``(2, 1)``: heads per layer, each >= 1."""
+    parts = str(text).split(",")
+    if not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise CLIError(f"--heads {text!r}: give the heads of each layer as integers >= 1, e.g. 2,1")
+    return tuple(int(p) for p in parts)
+
+
+def _model(rc) -> CatFormer:
+    return CatFormer(rc.task.S, rc.task.T, heads=rc.train.heads)
+
+
+def _attention_to_parent(rc, traj, r):
+    return CC.attention_to_parent_per_position(rc.task.graph, CC.population_attention(rc.task, _model(rc),
+                                                                                      traj.params(r)))
+
+
+class CatFormerKind(KindBase):
+    """The full disentangled transformer, trained jointly with an official optimizer."""
+
+    name = "catformer"
+    model = "catformer"
+    summary = "the full disentangled transformer, trained jointly (its flags below)"
+    flags = FLAGS
+    defaults = dict(common_defaults(record_every=False), **CATFORMER_DEFAULTS)
+    check_names = ("catformer_graph_recovery", "head_specialization", "induction_head")
+    figures = ("loss.png", "attention.png", "attention_to_parent.png")
+    config_class = CatFormerTrainConfig
+
+    def graph_defaults(self, values):
+        return MULTI_PARENT_TASK_DEFAULTS if is_multi_parent(values) else {}
+
+    def settle(self, cfg, task):
+        heads = parse_heads(cfg["heads"])
+        for key, choices in (("optimizer", OPTIMIZERS), ("lr_schedule", LR_SCHEDULES)):
+            if cfg[key] not in choices:
+                raise CLIError(f"--{key.replace('_', '-')} {cfg[key]!r}: use {', '.join(choices)}")
+        try:
+            task.check_size()  # the full model's gradient enumerates every sequence
+        except ValueError as exc:
+            raise CLIError(f"--model catformer needs the exact population: {exc}") from None
+        steps = cfg["steps"]
+        record_every = cfg.get("record_every") or max(1, steps // 128)
+        train = CatFormerTrainConfig(
+            S=task.S, T=task.T, heads=heads, steps=steps, optimizer=cfg["optimizer"], lr=cfg["lr"],
+            lr_schedule=cfg["lr_schedule"], weight_decay=cfg["weight_decay"],
+            init="normal" if cfg["init_scale"] > 0 else "zero", init_scale=cfg["init_scale"],
+            init_seed=cfg["init_seed"] if cfg["init_scale"] > 0 else 0, record_every=record_every)
+        try:
+            train.optimizer_rule()
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
+        return dict(record_every=record_every), train
+
+    def train(self, rc, **run):
+        c = rc.train
+        init = ("normal", c.init_scale, c.init_seed) if c.init == "normal" else "zero"
+        return train_catformer(rc.task, _model(rc), c.steps, optimizer=c.optimizer, lr=c.lr,
+                               lr_schedule=c.lr_schedule, weight_decay=c.weight_decay, init=init,
+                               record_every=c.record_every, **run)
+
+    def references(self, rc, traj, sampled=True):
+        """The references at ``ε = 0`` (the softmax readout's loss has no perturbation)."""
+        return softmax_reference_losses(rc.task), None
+
+    def checks(self, rc, traj, refs, objective=None):
+        task, model, params = rc.task, _model(rc), traj.final
+        results = [CC.check_catformer_graph_recovery(task, model, params),
+                   CC.check_catformer_head_specialization(task, model, params),
+                   CC.check_induction_head(task, model, params)]
+        Pbar = CC.population_attention(task, model, params)
+        loss = float(traj.loss[-1])
+        names = {"bayes": "L_bayes", "count_estimator": "L_count", "floor": "L_floor_eps"}
+        ref = {name: reference_value(refs[key]) for name, key in names.items()}
+        extra = {"catformer": {
+            "heads": list(model.heads), "final_loss": loss,
+            "excess_over": {name: None if v is None else loss - v for name, v in ref.items()},
+            "population_attention_layer1": Pbar,
+            "attention_to_parent_per_position": CC.attention_to_parent_per_position(task.graph, Pbar),
+            "note": "exact population-average layer-1 attention of each head (rows: query position i); attention "
+                    "to the parent per position is P[h, i, p(i)] (k-parent: the largest over i's parents)",
+        }}
+        return results, extra
+
+    def plots(self, out, rc, traj, refs, context=""):
+        P.plot_loss(traj, refs, os.path.join(out, "loss.png"), context=context)
+        P.plot_population_attention(rc.task.graph, CC.population_attention(rc.task, _model(rc), traj.final),
+                                    os.path.join(out, "attention.png"), context=context)
+        P.plot_parent_attention_per_position(rc.task.graph, _attention_to_parent(rc, traj, 0),
+                                             _attention_to_parent(rc, traj, -1), int(traj.step[-1]),
+                                             os.path.join(out, "attention_to_parent.png"), context=context)
+
+    def check_resume(self, path, rc):
+        """The checkpoint must be of this task and these settings (its parameters and Adam's moments)."""
+        load_checkpoint(path, rc.task, CatFormerScheme(rc.task, _model(rc), rc.train))
+
+    def markdown(self, report):
+        """The full model's section of report.md: final loss against the references, attention to the parent."""
+        cat = report.get("catformer")
+        if not cat:
+            return []
+        ex = cat["excess_over"]
+        lines = ["", "## The full model (population-average layer-1 attention)", "",
+                 f"Heads per layer {tuple(cat['heads'])}; final loss {fmt(cat['final_loss'])}; final loss minus the "
+                 f"Bayes loss {fmt(ex['bayes'])}, minus the exact floor {fmt(ex['floor'])}, minus the (smoothed) "
+                 f"count estimator {fmt(ex['count_estimator'])}.", ""]
+        rows = cat["attention_to_parent_per_position"]
+        cols = [i for i in range(len(rows[0])) if any(r[i] is not None and math.isfinite(r[i]) for r in rows)]
+        lines += ["| head | " + " | ".join(f"P̄[{i}, p({i})]" for i in cols) + " |",
+                  "|---|" + "---|" * len(cols)]
+        lines += [f"| {h} | " + " | ".join(fmt(r[i]) for i in cols) + " |" for h, r in enumerate(rows)]
+        return lines
+
+
+KIND = CatFormerKind()
