@@ -55,8 +55,6 @@ class Kind(Protocol):
         The checks a diverged run reports as inconclusive.
     figures : tuple of str
         The files its ``plots`` may write (stale ones from an earlier run are removed).
-    config_class : type
-        The trainer's config class (``rc.train`` is one).
     """
 
     name: str
@@ -66,7 +64,6 @@ class Kind(Protocol):
     defaults: Mapping
     check_names: tuple
     figures: tuple
-    config_class: type
 
     def selects(self, values: Mapping) -> bool:
         """Whether this kind runs ``values`` (among the kinds of its model)."""
@@ -117,7 +114,7 @@ class RunConfig(Mapping, Generic[C]):
         The kind of run (trainer, checks, figures, report section).
     task : Task or MultiParentTask
     train : C
-        The trainer's config object, validated once (``kind.config_class``): a
+        The trainer's config object, validated once (the kind's ``settle``): a
         :class:`popgrad.TrainConfig`, :class:`popgrad.MultiHeadTrainConfig` or
         :class:`popgrad.train.catformer.CatFormerTrainConfig` for the built-in kinds.
     """
