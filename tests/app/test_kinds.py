@@ -2,7 +2,6 @@
 ``popgrad run``, flags built from specs, the app passing settings to the trainers unchanged."""
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -10,13 +9,11 @@ import pytest
 import popgrad as pg
 from popgrad.app import cli
 from popgrad.app.config import ARG_SPECS, DEFAULTS, RunConfig, merge, resolve
-from popgrad.app.kinds import KINDS, Kind, kind_of, register
-from popgrad.app.kinds._common import KindBase, common_defaults
+from popgrad.app.kinds import KINDS, Kind, KindBase, common_defaults, kind_of, register
 from popgrad.app.settings import Flag
 from popgrad.checks import CheckResult
 
-sys.path.insert(0, os.path.dirname(__file__))
-from compare_runs import compare_folders, report_differences, trajectory_differences  # noqa: E402
+from .compare_runs import compare_folders, report_differences, trajectory_differences
 
 
 # ------------------------------------------------------------------ a toy kind of run: this is all it takes

@@ -14,7 +14,7 @@ of that model whose ``selects`` accepts the settings); :func:`popgrad.app.jobs.r
 flags and ``--help``, the config-file keys (:data:`popgrad.app.config.ARG_SPECS`) and ``--model``'s
 choices are read from the registry.
 
-A new kind of run is one module (a :class:`Kind`; :class:`._common.KindBase` supplies the usual
+A new kind of run is one module (a :class:`Kind`; :class:`KindBase` supplies the usual
 optional parts) and one line in :data:`KINDS` below (or :func:`register` from outside).
 """
 from __future__ import annotations
@@ -27,8 +27,10 @@ from ...task import MultiParentTask, Task
 from ..settings import CLIError, Flag
 from ..tasks import RUN_FLAGS, TASK_FLAGS
 from . import catformer, reduced_k_head, reduced_single
+from ._common import KindBase, common_defaults, validated
 
-__all__ = ["Kind", "RunConfig", "KINDS", "register", "kind_of", "models", "flags", "model_flag"]
+__all__ = ["Kind", "KindBase", "RunConfig", "KINDS", "register", "kind_of", "models", "flags", "model_flag",
+           "common_defaults", "validated"]
 
 #: The trainer's config object of a run (each kind of run has its own class).
 C = TypeVar("C")
