@@ -16,18 +16,23 @@ import sys
 
 import numpy as np
 
-#: Report entries that differ between two runs of the same settings: wall-clock times, where the
-#: output went, the software and machine.
-IGNORED = {("timing_seconds",), ("versions",), ("config", "out")}
+#: Report entries that differ between two runs of the same settings: wall-clock times (every key ending in
+#: ``_seconds``, e.g. ``timing_seconds``, a check's ``sweep_seconds``), where the output went, the software
+#: and machine.
+IGNORED = {("versions",), ("config", "out")}
+
+
+def _ignored(path) -> bool:
+    return path in IGNORED or (bool(path) and str(path[-1]).endswith("_seconds"))
 
 
 def _diff(a, b, path=()):
-    if path in IGNORED:
+    if _ignored(path):
         return []
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
         for k in sorted(set(a) | set(b), key=str):
-            if (*path, k) in IGNORED:
+            if _ignored((*path, k)):
                 continue
             if k not in a or k not in b:
                 out.append(f"{'/'.join(map(str, (*path, k)))}: only in {'after' if k not in a else 'before'}")

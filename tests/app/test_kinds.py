@@ -149,9 +149,9 @@ def test_the_app_trains_exactly_what_the_trainer_gives_and_reruns_are_identical(
 
 def test_the_comparison_sees_a_difference(tmp_path):
     before = {"config": {"S": 2, "out": "a"}, "versions": {"numpy": "1"}, "timing_seconds": {"total": 1.0},
-              "x": [1.0, float("nan")]}
+              "x": [1.0, float("nan")], "checks": [{"details": {"sweep_seconds": [0.1]}}]}
     after = {"config": {"S": 2, "out": "b"}, "versions": {"numpy": "2"}, "timing_seconds": {"total": 2.0},
-             "x": [1.0, float("nan")]}
+             "x": [1.0, float("nan")], "checks": [{"details": {"sweep_seconds": [0.2]}}]}
     assert report_differences(before, after) == []
     assert report_differences(before, dict(after, x=[1.0 + 1e-16 * 2, float("nan")])) == ["x/0: 1.0 != 1.0000000000000002"]
     assert report_differences(before, dict(after, y=1)) == ["y: only in after"]
