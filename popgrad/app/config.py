@@ -136,7 +136,7 @@ def merge(values: Mapping, given=None) -> dict:
     """The full settings of a run as a dict: the defaults of its kind, then ``values``; conflicts refused.
 
     The kind is :func:`popgrad.app.kinds.kind_of` ``values``; its ``defaults`` come first (the default
-    model's record no ``model`` key), then ``values``, then its ``graph_defaults`` for the keys not in
+    model's record no ``model`` key; a flag's own ``default`` for a key not among them), then ``values``, then its ``graph_defaults`` for the keys not in
     ``given`` (default: ``values``' keys, the keys set by the user). A key of another kind of run is
     refused, naming the ``--model`` it belongs to.
     """
@@ -147,6 +147,7 @@ def merge(values: Mapping, given=None) -> dict:
     if other:
         raise CLIError(_foreign(other[0], kind, "model" in given))
     cfg = dict(kind.defaults)
+    cfg.update({f.key: f.default for f in kind.flags if f.default is not None and f.key not in cfg})
     cfg.update({k: v for k, v in values.items() if k != "model" or "model" in kind.defaults})
     cfg.update({k: v for k, v in kind.graph_defaults(cfg).items() if k not in given})
     check_conflicts(cfg, given)

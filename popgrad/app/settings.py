@@ -54,7 +54,10 @@ class Flag:
     help_off : str, optional
         ``bool`` only: the help of ``--no-KEY``.
     cli : bool
-        ``False``: a config key without a flag of its own (``--model`` is added by the parser).
+        ``False``: a config key without a flag of its own.
+    default : int, float, bool or str, optional
+        The value when not given, for a kind's flag whose key is not in the kind's ``defaults``
+        (so that a new flag is one line); ``None``: the kind's ``defaults`` hold it.
     """
 
     key: str
@@ -65,10 +68,13 @@ class Flag:
     choices: tuple | None = None
     help_off: str = ""
     cli: bool = True
+    default: int | float | bool | str | None = None
 
     def __post_init__(self):
         if self.kind not in _KINDS:
             raise ValueError(f"Flag {self.key!r}: kind must be one of {', '.join(_KINDS)}, got {self.kind!r}")
+        if self.default is not None:
+            self.check(self.default)  # a default out of its own range is a bug of the kind's module
 
     @property
     def flag(self) -> str:

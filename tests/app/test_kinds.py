@@ -19,8 +19,8 @@ from .compare_runs import compare_folders, report_differences, trajectory_differ
 # ------------------------------------------------------------------ a toy kind of run: this is all it takes
 class Toy(KindBase):
     name, model, summary = "toy", "toy", "a toy: Stage 1 only, for a few steps"
-    flags = (Flag("toy_steps", "int", 1, help="toy: Stage-1 steps (default 3)"),)
-    defaults = dict(common_defaults(), model="toy", toy_steps=3)
+    flags = (Flag("toy_steps", "int", 1, default=3, help="toy: Stage-1 steps (default 3)"),)
+    defaults = dict(common_defaults(), model="toy")
     check_names = ("toy_loss_decreased",)
 
     def settle(self, values, task):
@@ -59,7 +59,7 @@ def test_a_toy_kind_registered_from_a_test_runs_through_popgrad_run(toy, tmp_pat
     assert (out / "loss.png").exists() and (out / "report.html").exists()
     assert "--toy-steps" in _help(capsys) and "toy: a toy" in _help(capsys)
     # its flag is a config key too (config files, sweeps) and is refused for another model
-    assert ARG_SPECS["toy_steps"] == ("int", 1, False)
+    assert ARG_SPECS["toy_steps"] == ("int", 1, False) and merge({"model": "toy"})["toy_steps"] == 3
     with pytest.raises(ValueError, match="--toy-steps only applies to --model toy"):
         merge({"toy_steps": 2})
     assert cli.main(["run", "--model", "toy", "--toy-steps", "0", "--out", str(out)]) == 2
@@ -105,6 +105,8 @@ def test_a_flag_is_one_spec_line():
         flag.check(True)
     with pytest.raises(ValueError, match="kind must be one of"):
         Flag("y", "float")
+    with pytest.raises(ValueError, match="expected an integer >= 1, got 0"):
+        Flag("z", "int", 1, default=0)
 
 
 def test_run_config_is_typed_and_frozen():
