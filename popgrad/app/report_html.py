@@ -123,6 +123,8 @@ def render_html(report: dict, markdown: str, figures=()) -> str:
     ``figures`` (PNG paths; those that exist are embedded as base64)."""
     t = report.get("task", {})
     title = html.escape(f"popgrad run report: graph {t.get('graph', '')}, S = {t.get('S')}, T = {t.get('T')}")
+    if markdown.startswith("# "):  # report.md's title: the page has its own
+        markdown = markdown.split("\n", 1)[1] if "\n" in markdown else ""
     body = markdown_to_html(markdown)
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{title}</title>\n<style>{_STYLE}</style>\n</head>\n<body>\n"
