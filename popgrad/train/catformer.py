@@ -214,6 +214,8 @@ class CatFormerTrajectory:
         Standard error of a sampled ``loss`` (NaN for an exact one).
     monotonicity : Monotonicity
         The non-monotone episodes of the loss (:meth:`popgrad.train.trajectory.Monotonicity.describe`).
+    graph : str
+        The task's graph (:meth:`popgrad.CausalGraph.to_string`; empty when unknown), for :meth:`to_frame`.
     """
 
     step: np.ndarray
@@ -228,6 +230,7 @@ class CatFormerTrajectory:
     config: CatFormerTrainConfig = field(default_factory=CatFormerTrainConfig)
     loss_se: np.ndarray | None = None
     monotonicity: Monotonicity = Monotonicity()
+    graph: str = ""
 
     def __post_init__(self):
         if self.loss_se is None:
@@ -248,17 +251,25 @@ class CatFormerTrajectory:
 
         Columns: ``step``, ``stage`` (0: one stage), ``loss``, ``loss_se``, ``grad_norm``, ``lr``, and,
         given the task's ``graph``, the attention to the parent per position ``attn_parent_<i>`` read from
-        the layer-1 positional block (the official metric, :func:`popgrad.checks.catformer.positional_attention`
-        of head 1; NaN for roots).
+        the layer-1 positional block (the official metric, :func:`popgrad.checks.catformer.positional_attention`;
+        NaN for roots; several layer-1 heads: ``attn_parent_h<h>_<i>``), from the graph the run was trained
+        on (or ``graph``, for a trajectory written before the graph was saved).
         """
         import pandas as pd
 
         cols = {"step": self.step, "stage": np.zeros(len(self.step), dtype=np.int64), "loss": self.loss,
                 "loss_se": self.loss_se, "grad_norm": self.grad_norm, "lr": self.lr}
+        if graph is None and self.graph:
+            graph = _graph_from_string(self.graph)
         if graph is not None:
+            if getattr(graph, "T", None) != self.config.T:
+                raise ValueError(f"graph must be the task's graph (T = {self.config.T}), got {graph!r}")
+            m = self.A[0].shape[1]
             att = np.stack([_positional_attention_to_parent(graph, self.model, self.A[0][r])
-                            for r in range(len(self.step))]) if len(self.step) else np.zeros((0, self.config.T))
-            cols.update({f"attn_parent_{i}": att[:, i] for i in range(att.shape[1])})
+                            for r in range(len(self.step))]) if len(self.step) else np.zeros((0, m, self.config.T))
+            for h in range(m):
+                name = "attn_parent_" if m == 1 else f"attn_parent_h{h}_"
+                cols.update({f"{name}{i}": att[:, h, i] for i in range(att.shape[2])})
         return pd.DataFrame(cols)
 
     def save(self, path) -> None:
@@ -270,7 +281,7 @@ class CatFormerTrajectory:
             arrays[f"final_A_{i + 1}"] = self.final.A[i]
         atomic_savez(path, **arrays, status=np.array(self.status), message=np.array(self.message),
                      config_json=np.array(json.dumps(self.config.to_dict())), kind=np.array("catformer"),
-                     monotonicity_json=np.array(json.dumps(self.monotonicity.to_json())))
+                     monotonicity_json=np.array(json.dumps(self.monotonicity.to_json())), graph=np.array(self.graph))
 
     @classmethod
     def load(cls, path) -> "CatFormerTrajectory":
@@ -291,8 +302,9 @@ class CatFormerTrajectory:
                 se = np.array(z["loss_se"]) if "loss_se" in z.files else None
                 mono = Monotonicity.from_json(json.loads(str(z["monotonicity_json"]))) \
                     if "monotonicity_json" in z.files else Monotonicity()
+                graph = str(z["graph"]) if "graph" in z.files else ""
                 out = cls(np.array(z["step"]), np.array(z["loss"]), np.array(z["grad_norm"]), np.array(z["lr"]), A,
-                          np.array(z["W"]), final, str(z["status"]), str(z["message"]), cfg, se, mono)
+                          np.array(z["W"]), final, str(z["status"]), str(z["message"]), cfg, se, mono, graph)
             except KeyError as exc:
                 raise bad(f"no entry {exc}") from None
             except (TypeError, ValueError, AttributeError) as exc:
@@ -304,20 +316,31 @@ class CatFormerTrajectory:
 
 
 def _positional_attention_to_parent(graph, model, A1) -> np.ndarray:
-    """Head 1 of layer 1: softmax over the positional block of ``Ã^(1)``, read at each row's parent."""
+    """``softmax_rows(MASK(Ã^(1)_h[S:, S:]))[i, p(i)]`` per head and position, shape ``(m_1, T)`` (NaN for roots;
+    a k-parent graph: the largest attention any one parent of ``i`` gets). The official metric, as
+    :func:`popgrad.checks.catformer.positional_attention` reads it."""
     S, T = model.S, model.T
-    Z = A1[0][S:S + T, S:S + T]
     low = np.tri(T, dtype=bool)
-    Zm = np.where(low, Z, -np.inf)
-    P = np.exp(Zm - Zm.max(axis=1, keepdims=True))
-    P /= P.sum(axis=1, keepdims=True)
-    parents = np.asarray(graph.parents)
-    if parents.ndim == 2:
-        parents = parents[:, 0]
-    out = np.full(T, np.nan)
-    rows = np.flatnonzero(parents >= 0)
-    out[rows] = P[rows, parents[rows]]
+    z = np.where(low, A1[:, S:, S:], -np.inf)
+    z = np.exp(z - z.max(axis=2, keepdims=True))
+    P = z / z.sum(axis=2, keepdims=True)
+    out = np.full((P.shape[0], T), np.nan)
+    par = np.asarray(graph.parents)
+    nr = np.asarray(graph.non_roots)
+    if par.ndim == 1:
+        out[:, nr] = P[:, nr, par[nr]]
+    else:
+        for i in nr:
+            out[:, i] = P[:, i, par[i][par[i] >= 0]].max(axis=1)
     return out
+
+
+def _graph_from_string(text):
+    """The graph :meth:`to_string` wrote: one parent list, or per-position parent tuples (k parents)."""
+    from ..task.graphs import CausalGraph
+    from ..task.multigraphs import MultiParentGraph
+
+    return MultiParentGraph.from_string(text) if ">" in text else CausalGraph.from_string(text)
 
 
 def _names(model: CatFormer):
@@ -462,7 +485,8 @@ class CatFormerScheme:
         final = self.params_of({n: state.arrays[n].copy() for n in self.names})
         return CatFormerTrajectory(rec["step"], rec["loss"], rec["grad_norm"], rec["lr"],
                                    tuple(rec[n] for n in self.names[:-1]), rec["W"], final,
-                                   state.status, state.message, self.config, rec["loss_se"], state.monotonicity)
+                                   state.status, state.message, self.config, rec["loss_se"], state.monotonicity,
+                                   self.task.graph.to_string())
 
 
 def initial_params(model: CatFormer, init) -> tuple:
