@@ -243,3 +243,31 @@ def test_reduced_to_frame(task):
     assert df["lr1"].notna().tolist() == [True] * 4 + [False] * 4  # steps 0-3 move A1, 4-6 move A2
     assert df["lr2"].notna().tolist() == [False] * 4 + [True] * 4
     np.testing.assert_array_equal(df["attn_parent_2"].to_numpy(), traj.attn_parent[:, 2])
+
+
+_THREADS_SCRIPT = """
+import hashlib, numpy as np, popgrad as pg
+task = pg.Task(pg.chain(6), pg.dirichlet_prior(S=3, alpha=0.5, n_atoms=4, seed=0))
+traj = pg.train_catformer(task, pg.CatFormer(3, 6), 4, gradient="sampled", batch_size=256, sample_seed=1,
+                          record_every=1)
+h = hashlib.sha256()
+for a in (*traj.final.A, traj.final.W, traj.loss, traj.loss_se):
+    h.update(np.ascontiguousarray(a).tobytes())
+print(h.hexdigest())
+"""
+
+
+def test_sampled_training_is_independent_of_the_thread_count():
+    import os
+    import subprocess
+    import sys
+
+    out = []
+    for n in ("1", "3"):
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n,
+               "NUMBA_NUM_THREADS": n}
+        r = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT], env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr
+        out.append(r.stdout.strip())
+    assert out[0] == out[1] and len(out[0]) == 64
