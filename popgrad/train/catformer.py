@@ -18,9 +18,10 @@ Sampled gradient: step ``t`` draws ``batch_size`` sequences with their soft
 labels ``y = π(·|s_T)`` from ``task.sample`` with seed
 ``SeedSequence([sample_seed, t])`` (so a run is the same after a resume) and
 follows the gradient of the batch mean of ``−Σ_c y_c log f_c``
-(:func:`batch_loss_and_grad`); the recorded loss is that batch's estimate with
-its standard error (``loss_se``), and the divergence rule reads it with its
-standard error (:mod:`popgrad.train.loop`).
+(:func:`batch_loss_and_grad`, the engine's row kernel); at a recorded step the
+loss is that batch's estimate with its standard error (``loss_se``), which the
+divergence rule reads with its standard error (:mod:`popgrad.train.loop`);
+between records only a non-finite batch loss is read.
 
 The loop is the one every trainer shares (:func:`popgrad.train.loop.run_schedule`)
 with :class:`CatFormerScheme`: the checkpoint holds the parameters and the
@@ -45,9 +46,9 @@ import numpy as np
 
 from .._io import atomic_savez
 from .._validation import ArgumentTypeError, as_int, as_real
-from ..engine.catformer import catformer_loss_and_grad
+from ..engine.catformer import catformer_loss_and_grad, catformer_rows_loss_and_grad
 from ..engine.sampled import estimate
-from ..model.catformer import CatFormer, CatFormerParams, catformer_backward, catformer_forward
+from ..model.catformer import CatFormer, CatFormerParams, catformer_forward
 from ..task.tasks import MultiParentTask, Task
 from .loop import StepValues, run_schedule, start_state
 from .optim import (LR_SCHEDULES, OPTIMIZERS, GradientTransformationLike, Optimizer, apply_updates, flatten_state,
@@ -347,25 +348,28 @@ def _names(model: CatFormer):
     return [f"A_{i + 1}" for i in range(model.n_layers)] + ["W"]
 
 
-def batch_loss_and_grad(model: CatFormer, params: CatFormerParams, seqs, targets, eps: float):
-    """Batch mean loss, its per-sequence losses and gradients on explicit rows (the sampled gradient).
+def batch_loss_and_grad(model: CatFormer, params: CatFormerParams, seqs, targets, eps: float, per_row: bool = False):
+    """The batch mean loss and its gradients on explicit rows (the sampled gradient), optionally per-row losses.
 
-    ``L = (1/n) Σ_m −Σ_c y_mc log(f_c(s_m) + ε)``; returns ``(losses (n,), dA list, dW)`` with the
-    gradients of ``L``. The one place the sampled path computes a gradient (NumPy reference
-    :func:`popgrad.model.catformer.catformer_backward` with weights ``y/n``).
+    ``L = (1/n) Σ_m −Σ_c y_mc log(f_c(s_m) + ε)``; returns ``(L, dA list, dW, losses)`` with ``losses`` the
+    ``n`` per-sequence losses when ``per_row`` (for the standard error; one NumPy forward pass), else
+    ``None``. The gradient is the engine's row kernel :func:`popgrad.engine.catformer.catformer_rows_loss_and_grad`
+    with weights ``y/n`` (NumPy reference: :func:`popgrad.model.catformer.catformer_backward`).
     """
     n = seqs.shape[0]
-    _, dA, dW = catformer_backward(model, params, seqs, targets / n, eps)
-    f, z, _, _ = catformer_forward(model, params, seqs)
-    pos = targets > 0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if model.readout == "softmax" and eps == 0.0:
-            zmax = z.max(axis=1, keepdims=True)
-            logf = z - zmax - np.log(np.sum(np.exp(z - zmax), axis=1, keepdims=True))
-        else:
-            logf = np.log(f + eps)
-    losses = -np.sum(np.where(pos, targets * logf, 0.0), axis=1)
-    return losses, dA, dW
+    res = catformer_rows_loss_and_grad(seqs, targets / n, model, params, eps)
+    losses = None
+    if per_row:
+        f, z, _, _ = catformer_forward(model, params, seqs)
+        pos = targets > 0
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            if model.readout == "softmax" and eps == 0.0:
+                zmax = z.max(axis=1, keepdims=True)
+                logf = z - zmax - np.log(np.sum(np.exp(z - zmax), axis=1, keepdims=True))
+            else:
+                logf = np.log(f + eps)
+            losses = -np.sum(np.where(pos, targets * logf, 0.0), axis=1)
+    return res.loss, list(res.dA), res.dW, losses
 
 
 class _LegacyCheckpoint(Mapping):
@@ -626,9 +630,13 @@ def train_catformer(task, model: CatFormer, steps: int, config: CatFormerTrainCo
 
         def evaluate(t, stage, record) -> StepValues:
             batch = task.sample(cfg.batch_size, np.random.SeedSequence([cfg.sample_seed, t]))
-            losses, dA, dW = batch_loss_and_grad(model, params(), batch.seqs, batch.targets, eps)
-            est = estimate(losses)
-            return StepValues(est.value, dict(zip(scheme.names, (*dA, dW))), True, est.se)
+            loss, dA, dW, losses = batch_loss_and_grad(model, params(), batch.seqs, batch.targets, eps, record)
+            grads = dict(zip(scheme.names, (*dA, dW)))
+            if record:  # the batch estimate with its standard error (what the divergence rule reads)
+                est = estimate(losses)
+                return StepValues(est.value, grads, True, est.se)
+            # between records only a non-finite batch loss is read (it stops the run)
+            return StepValues(loss, grads, True) if not math.isfinite(loss) else StepValues(math.nan, grads, False)
 
     return run_schedule(task, scheme, state, evaluate, checkpoint_path=checkpoint_path,
                         checkpoint_every=checkpoint_every, progress=progress)
