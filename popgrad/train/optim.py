@@ -55,12 +55,12 @@ import numpy as np
 
 from .._validation import as_int, as_real
 
-__all__ = ["OPTIMIZERS", "LR_SCHEDULES", "Optimizer", "GradientTransformation", "GradientTransformationLike",
+__all__ = ["OPTIMIZERS", "NAMED", "LR_SCHEDULES", "Optimizer", "GradientTransformation", "GradientTransformationLike",
            "learning_rate", "constant_schedule", "cosine_decay_schedule", "sgd", "adam", "adamw", "chain",
            "add_decayed_weights", "scale_by_adam", "scale_by_learning_rate", "scale_by_schedule", "apply_updates",
            "tree_map", "flatten_state", "unflatten_state"]
 
-#: Optimizer names: ``"gd"`` and ``"sgd"`` are the same rule (full-batch: the population gradient).
+#: Optimizer names (the keys of :data:`NAMED`): ``"gd"`` and ``"sgd"`` are the same rule.
 OPTIMIZERS = ("gd", "sgd", "adam", "adamw")
 
 #: Learning-rate schedules of the string form.
@@ -280,6 +280,21 @@ def adamw(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
 
 
 # ------------------------------------------------------------------ the string form
+def _coupled(wd, core):
+    """``g ← g + wd·θ`` before ``core`` (left out at ``wd = 0``: bit-identical to optax's ``+ 0·θ``)."""
+    return chain(add_decayed_weights(wd), core) if wd else core
+
+
+#: The official rules by name: ``name → build(schedule, settings)`` (settings: the :class:`Optimizer`).
+#: A named optimizer (``popgrad run --optimizer NAME``) is one entry here.
+NAMED = {
+    "gd": lambda sched, o: _coupled(o.weight_decay, sgd(sched)),
+    "sgd": lambda sched, o: _coupled(o.weight_decay, sgd(sched)),
+    "adam": lambda sched, o: _coupled(o.weight_decay, adam(sched, o.b1, o.b2, o.eps)),
+    "adamw": lambda sched, o: adamw(sched, o.b1, o.b2, o.eps, weight_decay=o.weight_decay) if o.weight_decay
+    else adam(sched, o.b1, o.b2, o.eps),
+}
+
 @dataclass(frozen=True)
 class Optimizer:
     """One of the official optimizers by name, validated; a transformation itself (``init``/``update``).
@@ -336,16 +351,7 @@ class Optimizer:
         return cosine_decay_schedule(self.lr, self.steps)
 
     def _build(self) -> GradientTransformation:
-        sched, wd = self.schedule(), self.weight_decay
-        if self.name in ("sgd", "gd"):
-            core = [sgd(sched)]
-        elif self.name == "adam":
-            core = [adam(sched, self.b1, self.b2, self.eps)]
-        else:
-            return adamw(sched, self.b1, self.b2, self.eps, weight_decay=wd) if wd else \
-                adam(sched, self.b1, self.b2, self.eps)
-        # coupled decay: g ← g + wd·θ before the rule (skipped at wd = 0, bit-identical to optax's +0·θ)
-        return chain(add_decayed_weights(wd), *core) if wd else core[0]
+        return NAMED[self.name](self.schedule(), self)
 
     def transformation(self) -> GradientTransformation:
         """The optax-style transformation of this rule."""
