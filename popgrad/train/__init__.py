@@ -21,4 +21,5 @@ from .multihead import train_multi_head
 from .catformer import CatFormerTrajectory, train_catformer
 
 __all__ = ["TrainConfig", "MultiHeadTrainConfig", "Trajectory", "train_two_stage", "train_multi_head", "run_schedule",
-           "load_checkpoint", "CheckpointError", "attention_to_parent", "train_catformer", "CatFormerTrajectory", "Optimizer", "Monotonicity", "Scheme"]
+           "load_checkpoint", "CheckpointError", "attention_to_parent", "train_catformer", "CatFormerTrajectory",
+           "Optimizer", "Monotonicity", "Scheme"]

@@ -189,7 +189,7 @@ def scale_by_schedule(step_size_fn: Callable[[int], float]) -> GradientTransform
 
 
 def scale_by_learning_rate(learning_rate, *, flip_sign: bool = True) -> GradientTransformation:
-    """``u ← −lr_t·u`` (``optax.scale_by_learning_rate``): ``learning_rate`` a float or a schedule ``t ↦ lr_t``."""
+    """``u ← −lr_t·u`` (``optax.scale_by_learning_rate``); ``learning_rate`` a float or a schedule ``t ↦ lr_t``."""
     sched = learning_rate if callable(learning_rate) else constant_schedule(
         as_real(learning_rate, "learning_rate", minimum=0))
     m = -1.0 if flip_sign else 1.0

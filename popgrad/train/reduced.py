@@ -16,6 +16,7 @@ from dataclasses import asdict, fields
 import numpy as np
 
 from ..model.multihead import head_attention
+from ..task.tasks import MultiParentTask
 from .trajectory import Trajectory
 
 __all__ = ["ReducedScheme", "MultiHeadScheme", "initial_parameters", "attention_to_slot_parents"]
