@@ -44,12 +44,14 @@ from .._validation import as_int
 from .trajectory import Monotonicity, _as_path, _open_npz
 
 __all__ = ["run_schedule", "StepValues", "Scheme", "start_state", "load_checkpoint", "validate_checkpoint",
-           "CheckpointError", "DivergenceTracker", "ABOVE_RTOL", "NONMONOTONE_RTOL", "Z_NOISE"]
+           "CheckpointError", "DivergenceTracker", "ABOVE_RTOL", "NONMONOTONE_RTOL", "LARGE_RISE", "Z_NOISE"]
 
 #: An exact loss is "above" a reference ``r`` when it exceeds ``r + ABOVE_RTOL·max(|r|, 1e-3)`` (rounding aside).
 ABOVE_RTOL = 1e-9
 #: A rise above the best loss smaller than this (relative) is rounding, not a non-monotone episode.
 NONMONOTONE_RTOL = 1e-9
+#: An episode whose rise exceeds this fraction of the best loss counts as large (:class:`Monotonicity`).
+LARGE_RISE = 1e-2
 #: A sampled loss is "above" a reference only beyond this many standard errors of their difference.
 Z_NOISE = 4.0
 
@@ -140,14 +142,16 @@ class DivergenceTracker:
     """
 
     FIELDS = ("ref", "ref_se", "ref_step", "best", "best_se", "above", "in_episode", "episodes", "max_rise",
-              "max_rise_rel", "worst_step", "steps_above_best", "last", "last_se", "last_step")
+              "max_rise_rel", "worst_step", "steps_above_best", "last", "last_se", "last_step", "large_episodes",
+              "episode_is_large")
 
     def __init__(self):
         self.ref = self.ref_se = self.best = self.best_se = math.nan
         self.last = self.last_se = math.nan
         self.ref_step = self.worst_step = self.last_step = -1
         self.above = self.episodes = self.steps_above_best = 0
-        self.in_episode = False
+        self.in_episode = self.episode_is_large = False
+        self.large_episodes = 0
         self.max_rise = self.max_rise_rel = 0.0
 
     def to_json(self) -> dict:
@@ -157,7 +161,7 @@ class DivergenceTracker:
     def from_json(cls, d) -> "DivergenceTracker":
         out = cls()
         for k in cls.FIELDS:
-            v = d[k]
+            v = d.get(k, getattr(out, k))
             setattr(out, k, float(v) if isinstance(getattr(out, k), float) and v is not None else v)
         return out
 
@@ -184,13 +188,16 @@ class DivergenceTracker:
         # non-monotone episodes: a rise above the best that (usually) comes back
         if loss > self.best + self._tol(self.best, self.best_se, se, NONMONOTONE_RTOL):
             if not self.in_episode:
-                self.in_episode = True
+                self.in_episode, self.episode_is_large = True, False
                 self.episodes += 1
             self.steps_above_best += 1
             rise = loss - self.best
+            rel = rise / abs(self.best) if self.best else math.inf
+            if rel > LARGE_RISE and not self.episode_is_large:
+                self.episode_is_large = True
+                self.large_episodes += 1
             if rise > self.max_rise:
-                self.max_rise, self.worst_step = rise, t
-                self.max_rise_rel = rise / abs(self.best) if self.best else math.inf
+                self.max_rise, self.max_rise_rel, self.worst_step = rise, rel, t
         else:
             self.in_episode = False
         if loss < self.best:
@@ -212,7 +219,8 @@ class DivergenceTracker:
         return ""
 
     def monotonicity(self) -> Monotonicity:
-        return Monotonicity(self.episodes, self.max_rise, self.max_rise_rel, self.worst_step, self.steps_above_best)
+        return Monotonicity(self.episodes, self.max_rise, self.max_rise_rel, self.worst_step, self.steps_above_best,
+                            self.large_episodes)
 
 
 # ---------------------------------------------------------------- state and checkpoints

@@ -35,6 +35,8 @@ class Monotonicity(NamedTuple):
         The step of the largest rise (-1 when there was none).
     steps_above_best : int
         Steps (evaluations) spent above the best loss.
+    large_episodes : int
+        Episodes that rose more than 1 % (``LARGE_RISE``) above the best loss.
     """
 
     episodes: int = 0
@@ -42,18 +44,19 @@ class Monotonicity(NamedTuple):
     max_rise_rel: float = 0.0
     worst_step: int = -1
     steps_above_best: int = 0
+    large_episodes: int = 0
 
     @property
     def monotone(self) -> bool:
         return self.episodes == 0
 
     def describe(self) -> str:
-        """``"monotone"`` or ``"non-monotone: 3 episodes, highest 2.1% above the best loss (step 4715), …"``."""
+        """``"monotone"`` or ``"non-monotone: 3 episodes of rising loss (1 over 1%), the highest … (step …), …"``."""
         if self.monotone:
             return "monotone"
-        return (f"non-monotone: {self.episodes} episode{'s' if self.episodes != 1 else ''} of rising loss, the "
-                f"highest {self.max_rise:.3g} ({100 * self.max_rise_rel:.3g}%) above the best loss (step "
-                f"{self.worst_step}), {self.steps_above_best} steps above the best in all")
+        return (f"non-monotone: {self.episodes} episode{'s' if self.episodes != 1 else ''} of rising loss "
+                f"({self.large_episodes} over 1%), the highest {self.max_rise:.3g} ({100 * self.max_rise_rel:.3g}%) "
+                f"above the best loss (step {self.worst_step}), {self.steps_above_best} steps above the best in all")
 
     def to_json(self) -> dict:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in self._asdict().items()}
@@ -61,7 +64,8 @@ class Monotonicity(NamedTuple):
     @classmethod
     def from_json(cls, d) -> "Monotonicity":
         return cls(int(d["episodes"]), float(d["max_rise"]), math.inf if d["max_rise_rel"] is None
-                   else float(d["max_rise_rel"]), int(d["worst_step"]), int(d["steps_above_best"]))
+                   else float(d["max_rise_rel"]), int(d["worst_step"]), int(d["steps_above_best"]),
+                   int(d.get("large_episodes", 0)))
 
 _RECORDED = ("step", "stage", "loss", "loss_se", "grad_norm", "cosine", "attn_parent", "A1", "A2")
 
