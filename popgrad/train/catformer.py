@@ -151,15 +151,16 @@ class CatFormerTrainConfig:
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name} is only used with gradient='sampled': drop it or set "
                                      f"gradient='sampled'")
-        if isinstance(opt, str):
-            self.optimizer_rule()  # Adam's constants and the schedule, checked here once
+        # the named rule, built (and its settings checked) here once
+        put("_rule", Optimizer(opt, lr=self.lr, lr_schedule=self.lr_schedule, steps=self.steps,
+                               weight_decay=self.weight_decay) if isinstance(opt, str) else opt)
 
     def optimizer_rule(self):
         """The optimizer object: :class:`popgrad.train.optim.Optimizer` of a name, or the object given."""
-        if isinstance(self.optimizer, str):
-            return Optimizer(self.optimizer, lr=self.lr, lr_schedule=self.lr_schedule, steps=self.steps,
-                             weight_decay=self.weight_decay)
-        return self.optimizer
+        if self._rule is None:
+            raise ValueError(f"this configuration was read from a file: its optimizer {self.optimizer!r} was an "
+                             "object and cannot be rebuilt from its name; pass the object as optimizer=")
+        return self._rule
 
     def to_dict(self) -> dict:
         """The settings as JSON-able values (an optimizer object by its ``name``)."""
@@ -178,7 +179,9 @@ class CatFormerTrainConfig:
         if name not in OPTIMIZERS:
             d["optimizer"] = "sgd"
         out = cls(**d)
-        object.__setattr__(out, "optimizer", name)
+        if name not in OPTIMIZERS:  # a description only: the object cannot be rebuilt from its name
+            object.__setattr__(out, "optimizer", name)
+            object.__setattr__(out, "_rule", None)
         return out
 
 

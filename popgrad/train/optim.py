@@ -373,6 +373,8 @@ class Optimizer:
 
     def step(self, t: int, params, grads, state):
         """Apply one update: ``(new_params, new_state)``. ``t`` is the step (it must equal the updates so far)."""
-        del t  # the schedule reads the count held in the state
+        counts = [int(v) for k, v in flatten_state(state).items() if k.split(".")[-1] == "count"]
+        if counts and counts[-1] != t:
+            raise ValueError(f"step t = {t} but the state has taken {counts[-1]} updates: pass the state of step t")
         updates, state = self._tx.update(grads, state, params)
         return apply_updates(params, updates), state

@@ -62,6 +62,11 @@ def test_a_hand_written_momentum_trains_and_resumes(task, tmp_path, monkeypatch)
     assert traj.status == "completed" and traj.loss[-1] < traj.loss[0]
     assert np.all(np.isnan(traj.lr))  # the object names no learning rate
     assert traj.config.to_dict()["optimizer"] == Momentum.name
+    traj.save(tmp_path / "m.npz")
+    back = pg.CatFormerTrajectory.load(tmp_path / "m.npz").config
+    assert back.optimizer == Momentum.name
+    with pytest.raises(ValueError, match="cannot be rebuilt from its name"):
+        back.optimizer_rule()
     # its state is checkpointed whole, and a resumed run is bit-identical
     real, calls = cf_train.catformer_loss_and_grad, []
 
