@@ -60,9 +60,6 @@ __all__ = ["OPTIMIZERS", "NAMED", "LR_SCHEDULES", "Optimizer", "GradientTransfor
            "add_decayed_weights", "scale_by_adam", "scale_by_learning_rate", "scale_by_schedule", "apply_updates",
            "tree_map", "flatten_state", "unflatten_state"]
 
-#: Optimizer names (the keys of :data:`NAMED`): ``"gd"`` and ``"sgd"`` are the same rule.
-OPTIMIZERS = ("gd", "sgd", "adam", "adamw")
-
 #: Learning-rate schedules of the string form.
 LR_SCHEDULES = ("constant", "cosine")
 
@@ -294,6 +291,9 @@ NAMED = {
     "adamw": lambda sched, o: adamw(sched, o.b1, o.b2, o.eps, weight_decay=o.weight_decay) if o.weight_decay
     else adam(sched, o.b1, o.b2, o.eps),
 }
+
+#: Optimizer names (the keys of :data:`NAMED`): ``"gd"`` and ``"sgd"`` are the same rule.
+OPTIMIZERS = tuple(NAMED)
 
 @dataclass(frozen=True)
 class Optimizer:

@@ -229,10 +229,6 @@ def test_string_form_is_its_transformation():
         assert all(np.array_equal(x, y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)), name
 
 
-def test_every_name_has_its_rule():
-    assert tuple(O.NAMED) == O.OPTIMIZERS
-
-
 def test_schedules_are_functions_of_the_step():
     s = O.cosine_decay_schedule(2.0, 8)
     assert [s(t) for t in (0, 4, 8, 20)] == [2.0, pytest.approx(1.0, rel=1e-15), 0.0, 0.0]
