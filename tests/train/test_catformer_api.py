@@ -276,3 +276,74 @@ def test_sampled_training_is_independent_of_the_thread_count():
         assert r.returncode == 0, r.stderr
         out.append(r.stdout.strip())
     assert out[0] == out[1] and len(out[0]) == 64
+
+
+# ------------------------------------------------------------------ checkpoints written before this layout
+def _to_legacy(path):
+    """Rewrite a checkpoint in the layout of popgrad before optimizer states were saved whole (Adam's moments as
+    mu_<name>/nu_<name>, counts = the step counter, no rec_loss_se, the old divergence counters)."""
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays.pop("meta_json")))
+    tr = meta.pop("tracker")
+    meta.update(increases=0, prev_loss=tr["last"], best_loss=tr["best"], above_best=0)
+    for key in [k for k in arrays if k.startswith("opt.")]:
+        parts, value = key.split("."), arrays.pop(key)
+        if parts[-2] in ("mu", "nu"):
+            arrays[f"{parts[-2]}_{parts[-1]}"] = value
+    if "rec_lr" in arrays:  # the full model recorded no standard errors then (the reduced model did)
+        arrays.pop("rec_loss_se")
+    for key in ("stage", "gradient", "batch_size", "sample_seed"):
+        meta["config"].pop(key, None)
+    with open(path, "wb") as fh:
+        np.savez(fh, meta_json=np.array(json.dumps(meta)), **arrays)
+
+
+@pytest.mark.parametrize("optimizer, wd", [("adamw", 1e-3), ("adam", 1e-3), ("sgd", 0.0)])
+def test_checkpoints_of_the_old_layout_resume_bit_identically(task, tmp_path, monkeypatch, optimizer, wd):
+    model = pg.CatFormer(2, 4)
+    kw = dict(optimizer=optimizer, lr=1e-2, weight_decay=wd, init=("normal", 0.3, 0), record_every=2)
+    full = pg.train_catformer(task, model, 10, **kw)
+    real, calls = cf_train.catformer_loss_and_grad, []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 7:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    ck = tmp_path / "c.npz"
+    monkeypatch.setattr(cf_train, "catformer_loss_and_grad", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pg.train_catformer(task, model, 10, **kw, checkpoint_path=ck, checkpoint_every=3)
+    monkeypatch.setattr(cf_train, "catformer_loss_and_grad", real)
+    _to_legacy(ck)
+    with np.load(ck) as z:
+        assert not any(k.startswith("opt.") for k in z.files) and ("mu_W" in z.files) == (optimizer != "sgd")
+    resumed = pg.train_catformer(task, model, 10, **kw, checkpoint_path=ck, resume=True)
+    assert _same(full, resumed) and np.array_equal(full.lr, resumed.lr)
+
+
+def test_reduced_checkpoints_of_the_old_layout_resume_bit_identically(task, tmp_path, monkeypatch):
+    from popgrad.train import algorithm1
+
+    kw = dict(beta0=1e-2, lr1=1.0, steps1=6, lr2=1.0, steps2=5, record_every=1)
+    full = pg.train_two_stage(task, **kw)
+    real, calls = algorithm1.exact_loss_and_grad, []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 9:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    ck = tmp_path / "c.npz"
+    monkeypatch.setattr(algorithm1, "exact_loss_and_grad", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pg.train_two_stage(task, **kw, checkpoint_path=ck, checkpoint_every=4)
+    monkeypatch.setattr(algorithm1, "exact_loss_and_grad", real)
+    _to_legacy(ck)
+    resumed = pg.train_two_stage(task, **kw, checkpoint_path=ck, resume=True)
+    for name, a in full.arrays().items():
+        np.testing.assert_array_equal(getattr(resumed, name), a, err_msg=name)
+    assert resumed.monotonicity == full.monotonicity  # rebuilt from the records (every step recorded)
