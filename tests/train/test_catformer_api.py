@@ -9,7 +9,7 @@ import pytest
 
 import popgrad as pg
 from popgrad.checks import catformer as cc
-from popgrad.model.catformer import catformer_backward
+from popgrad.model.catformer import catformer_backward, catformer_forward
 from popgrad.train import catformer as cf_train
 from popgrad.train import optim as O
 from popgrad.train.catformer import CatFormerTrainConfig, batch_loss_and_grad
@@ -175,13 +175,21 @@ def test_sampled_gradients_average_to_the_exact_gradient(task):
     assert abs(losses.mean() - exact.loss) < 6 * losses.std(ddof=1) / np.sqrt(R)
 
 
-def test_sampled_batch_rows_match_the_reference_backward(task):
-    model = pg.CatFormer(2, 4)
+@pytest.mark.parametrize("heads, readout, eps", [((1, 1), "softmax", 0.0), ((2, 1), "softmax", 0.1),
+                                                 ((1, 1), "linear", 0.5)])
+def test_sampled_batch_rows_match_the_reference(heads, readout, eps):
+    task = pg.MultiParentTask(pg.two_parent(5), pg.dirichlet_tensor_prior(S=2, k=2, alpha=1.0, n_atoms=2, seed=0))
+    model = pg.CatFormer(2, 5, heads=heads, readout=readout)
     p = model.init(0.5, 0)
+    p = pg.CatFormerParams(p.A, 0.3 * np.random.default_rng(1).standard_normal(p.W.shape) + 1.0)
     b = task.sample(32, 3)
-    mean, dA, dW, ls = batch_loss_and_grad(model, p, b.seqs, b.targets, 0.0, per_row=True)
-    loss, dA_ref, dW_ref = catformer_backward(model, p, b.seqs, b.targets / 32, 0.0)
+    mean, dA, dW, ls = batch_loss_and_grad(model, p, b.seqs, b.targets, eps, per_row=True)
+    loss, dA_ref, dW_ref = catformer_backward(model, p, b.seqs, b.targets / 32, eps)
     np.testing.assert_allclose([mean, ls.mean()], [loss, loss], rtol=1e-12)
+    f = catformer_forward(model, p, b.seqs)[0]  # the reference forward, row by row
+    with np.errstate(divide="ignore", invalid="ignore"):
+        want = -np.sum(np.where(b.targets > 0, b.targets * np.log(f + eps), 0.0), axis=1)
+    np.testing.assert_allclose(ls, want, rtol=1e-12)
     for x, y in zip((*dA, dW), (*dA_ref, dW_ref)):
         np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-14)
 
