@@ -71,6 +71,10 @@ class Scheme(Protocol):
         Steps in a row above the stage's starting loss before the run stops as diverged.
     hint : str
         The fix divergence messages name (e.g. ``"lower lr1/lr2"``, ``"lower lr"``).
+
+    Two optional methods keep old checkpoints readable: ``config_defaults()`` (a setting added since a
+    file was written matches it when at its default) and ``checkpoint_source(z, meta)`` (a mapping that
+    reads a file of an earlier layout as the current one).
     """
 
     config: Any
