@@ -139,11 +139,11 @@ def test_the_app_trains_exactly_what_the_trainer_gives_and_reruns_are_identical(
     direct.save(str(tmp_path / "direct.npz"))
     assert trajectory_differences(str(tmp_path / "direct.npz"), str(a / "trajectory.npz")) == []
 
-    cat = ["--model", "catformer", "--S", "2", "--T", "4", "--optimizer", "adamw", "--lr", "0.05",
+    cat = ["--model", "catformer", "--S", "2", "--T", "4", "--optimizer", "adamw", "--lr", "0.01",
            "--weight-decay", "0.01", "--init-scale", "0.1", "--steps", "3"]
     c = _run(tmp_path, "c", cat)
     task = resolve({"model": "catformer", "S": 2, "T": 4}).task
-    traj = pg.train_catformer(task, pg.CatFormer(2, 4, heads=(1, 1)), 3, optimizer="adamw", lr=0.05,
+    traj = pg.train_catformer(task, pg.CatFormer(2, 4, heads=(1, 1)), 3, optimizer="adamw", lr=0.01,
                               weight_decay=0.01, init=("normal", 0.1, 0), record_every=1)
     traj.save(str(tmp_path / "cat.npz"))
     assert trajectory_differences(str(tmp_path / "cat.npz"), str(c / "trajectory.npz")) == []
