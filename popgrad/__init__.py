@@ -22,6 +22,9 @@ del _guard
 from .task import (
     DEFAULT_MAX_SEQUENCES,
     CausalGraph,
+    DirichletPrior,
+    DirichletTensorPrior,
+    official_random_tree,
     FinitePrior,
     MultiParentGraph,
     MultiParentTask,
@@ -110,6 +113,9 @@ def sweep(spec, client=None, out="sweep_out", **kwargs):
 _compat.install()
 
 __all__ = [
+    "DirichletPrior",
+    "DirichletTensorPrior",
+    "official_random_tree",
     "CausalGraph",
     "Tree",
     "chain",

@@ -103,6 +103,7 @@ from ._kernels import prefix as _kp
 from ._kernels import ranges as _kr
 from ._kernels import single as _k
 from ._kernels.numeric import LANES
+from . import table as _table
 from .blocks import BlockJob, Partials
 from .options import DEFAULT_OPTIONS, ENGINES
 from .result import LossAndGrad
@@ -164,12 +165,29 @@ def loss_grad(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> LossAndGr
 def blocks(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> BlockJob:
     """The call's decisions (:func:`decide`), on validated input."""
     task.check_size()
+    if _table.use_table(task, per_atom=False):  # a continuous prior: the weight table (DESIGN §20)
+        return _table_job(task, A1, A2, eps, want_grad, engine, symmetry, opts)
     sym, A2, P, engine = decide(task, A1, A2, symmetry, engine, opts)
     return _new_job((engine, sym, P, A2, float(eps), bool(want_grad), opts))
 
 
+def _table_job(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> BlockJob:
+    """The table path's job: no orbit reduction, the direct engine's arithmetic on the table's rows."""
+    if engine != "auto":
+        raise ValueError(f"engine={engine!r} carries the prior's atoms, but {task.prior!r} has none: use "
+                         "engine='auto' (the weight table)")
+    if symmetry == "on":
+        raise ValueError("symmetry='on': the weight-table path has no orbit reduction; use symmetry='auto' or 'off'")
+    T = task.T
+    P = np.empty((T, T))
+    _k.attention(np.ascontiguousarray(A1, dtype=np.float64), P)
+    return _new_job(("table", False, P, np.ascontiguousarray(A2, dtype=np.float64), float(eps), bool(want_grad), opts))
+
+
 def block_work(task, job) -> np.ndarray:
-    """Relative cost of each block, ``(n_blocks,)`` int64: batch nodes (prefix engine) or 1 (direct)."""
+    """Relative cost of each block, ``(n_blocks,)`` int64: batch nodes (prefix engine) or 1 (direct, table)."""
+    if job.engine == "table":
+        return np.ones(_table.table_blocks(task, job.opts)[1], dtype=np.int64)
     if job.engine == "prefix":
         return _prefix_plan(task, job.sym, job.opts).work
     return np.ones(direct_blocks(task.S, task.T, job.opts)[1], dtype=np.int64)
@@ -221,6 +239,13 @@ def run_blocks(task, job, lo=0, hi=None) -> Partials:
             with _LOCK:
                 plan.wcache[(lo, hi)] = Wc
                 _STATS["weight_builds"] += 1
+    elif job.engine == "table":  # the weight table (DESIGN §20): the direct arithmetic on given rows
+        block_size, n_blocks = _table.table_blocks(task, opts)
+        hi = n_blocks if hi is None else hi
+        seqs, w = _table.table_rows(task, lo * block_size, min(task.n_sequences, hi * block_size))
+        loss_s, G_s, dA2_s = _slots(hi - lo, T, S)
+        _k.loss_grad_rows(seqs, w, job.P, job.A2, job.eps, block_size, 1 if job.want_grad else 0,
+                          loss_s, G_s, dA2_s)
     elif job.engine == "direct":
         parents, mu, atoms, prior_w = task.kernel_arrays()
         block_size, n_blocks = direct_blocks(S, T, opts)
