@@ -25,7 +25,7 @@ statistics of a sequence and label:
   Jacobi weight (the ``x^{α-1}``, ``x^{2α-1}`` end-point singularities) times
   a function analytic on a neighbourhood of its interval, so product
   Gauss–Jacobi converges geometrically; orders ``n`` and ``2n`` give the
-  error estimate (measured 1e-16 relative at ``n = 24``);
+  error estimate (measured ≤ 2e-12 relative at ``n = 12, 24`` against two independent adaptive quadratures; higher orders lose digits to the Jacobi rule's rounding);
 * **stationary roots, S ≥ 3**: product Gauss–Jacobi on the stick-breaking
   sticks of every row (``Dirichlet(α1)`` = independent ``Beta(α, (S-1-j)α)``
   sticks), orders ``n`` and ``2n``; the bound is ``|Q_2n - Q_n|`` (relative,
@@ -52,7 +52,7 @@ __all__ = ["DirichletPrior", "DirichletTensorPrior", "is_continuous", "weight_ta
 
 ROOTS = ("stationary", "uniform")
 #: Gauss–Jacobi orders (n, 2n) of the S = 2 stationary integral.
-S2_ORDER = 16
+S2_ORDER = 12
 #: Gauss–Jacobi order n per stick at S >= 3 (2n is the check); the product rule has (2n)^(S(S-1)) nodes.
 STICK_ORDER = {3: 4, 4: 2}
 #: Largest number of product-rule nodes the S >= 3 stationary quadrature may use.
