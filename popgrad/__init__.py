@@ -55,6 +55,8 @@ from .engine import (
     Stage1Field,
     bayes_loss,
     bayes_loss_multi,
+    official_bayes_loss,
+    official_bayes_predict,
     clear_caches,
     construction_loss,
     construction_loss_multi,
@@ -115,6 +117,8 @@ _compat.install()
 __all__ = [
     "DirichletPrior",
     "DirichletTensorPrior",
+    "official_bayes_loss",
+    "official_bayes_predict",
     "official_random_tree",
     "CausalGraph",
     "Tree",

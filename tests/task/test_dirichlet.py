@@ -228,3 +228,41 @@ def test_random_tree_half_is_figure9_generator():
     for i in range(1, T - 1):
         expect = np.concatenate([[0.5], np.full(i, 0.5 / i)]) * n
         assert stats.chisquare(counts[i, : i + 1], expect).pvalue > 1e-4
+
+
+# ---------------------------------------------------------------- official references
+@pytest.mark.parametrize("task", [
+    pg.Task(pg.random_tree(5, 2, 0.5), pg.DirichletPrior(3, 0.1, roots="uniform")),
+    pg.MultiParentTask(pg.two_parent(5), pg.DirichletTensorPrior(2, 2, 0.3)),
+], ids=["single-uniform", "two-parent"])
+def test_official_bayes_equals_bayes_under_uniform_roots(task):
+    assert abs(pg.official_bayes_loss(task) - pg.bayes_loss(task)) < 1e-13
+
+
+def test_official_bayes_above_bayes_under_stationary_roots():
+    task = pg.Task(pg.chain(5), pg.DirichletPrior(2, 0.1))
+    assert pg.official_bayes_loss(task) > pg.bayes_loss(task) + 1e-6
+
+
+def test_official_bayes_root_quirk():
+    """InContextTree.bayes: a root counts as a child of position T-2 when s_{T-2} equals the query."""
+    g = pg.CausalGraph([-1, 0, -1, 2, -1])  # T = 5, context 0..3, root 2
+    seqs = np.array([[0, 1, 1, 0, 0], [0, 1, 1, 1, 0]])
+    plain = pg.official_bayes_predict(g, seqs, 2, 1.0)
+    quirk = pg.official_bayes_predict(g, seqs, 2, 1.0, root_quirk=True)
+    # query 0: edges with parent 0: (0->1) at i=1, (1->0)? parent of 3 is 2 (token 1): no. -> n[0] = (0, 1)
+    np.testing.assert_allclose(plain[0], [1 / 3, 2 / 3])
+    # s_{T-2} = s_3 = 0 = query: roots 0 (token 0) and 2 (token 1) count -> n[0] = (1, 2)
+    np.testing.assert_allclose(quirk[0], [2 / 5, 3 / 5])
+    np.testing.assert_allclose(quirk[1], plain[1])  # s_3 = 1 != query
+
+
+def test_optimal_loss_continuous():
+    from scipy.special import digamma
+
+    rng = np.random.default_rng(0)
+    task = pg.Task(pg.chain(4), pg.DirichletPrior(3, 0.2))
+    pis = task.prior.draw(200_000, rng)
+    mc = -np.mean(np.sum(pis * np.log(np.where(pis > 0, pis, 1.0)), axis=2))
+    assert abs(pg.optimal_loss(task) - mc) < 5e-3
+    assert pg.optimal_loss(task) < pg.bayes_loss(task)
