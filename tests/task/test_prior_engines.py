@@ -96,3 +96,20 @@ def test_sampled_on_continuous_prior():
     r = pg.sampled_loss_and_grad(task, A1, A2, 4000, 1)
     ex = pg.exact_loss_and_grad(task, A1, A2)
     assert np.isfinite(r.loss) and abs(r.loss - ex.loss) < 0.1
+
+
+def test_hypotheses_name_the_continuous_prior():
+    from popgrad.checks.hypotheses import measure_hypotheses, within_hypotheses
+    from popgrad.checks.results import _result
+
+    task = pg.Task(pg.chain(4), pg.DirichletPrior(3, 0.1))
+    h = measure_hypotheses(task)
+    assert h.items["gamma"].met is False and not h.all_met
+    res = within_hypotheses(_result("graph_recovery", 1.0, 0.5, ">=", "Knowl 1.1", {}), h, needs=("gamma",))
+    assert res.status == "inconclusive" and "continuous prior" in res.reason
+
+
+def test_field_refuses_continuous_prior():
+    task = pg.Task(pg.chain(4), pg.DirichletPrior(3, 0.1))
+    with pytest.raises(ValueError, match="finite stand-in"):
+        pg.stage1_field(task)
