@@ -668,7 +668,7 @@ class MultiParentTask(ExactTask):
 def _merge_accuracy(parts) -> WeightAccuracy:
     """One :class:`WeightAccuracy` for a table computed in chunks (the worst bound)."""
     return WeightAccuracy(all(a.exact for a in parts), max((a.bound for a in parts), default=0.0),
-                          parts[0].method if parts else "")
+                          parts[0].method if parts else "", any(a.statistical for a in parts))
 
 
 # ------------------------------------------------------------ the task validator

@@ -30,6 +30,9 @@ def test_reduced_single(roots):
     assert abs(_fd(lambda a: pg.exact_loss(task, a, A2), A1, (4, 2)) - r.dA1[4, 2]) < 1e-8
     assert abs(_fd(lambda a: pg.exact_loss(task, A1, a), A2, (1, 0)) - r.dA2[1, 0]) < 1e-8
     assert abs(pg.exact_loss(task, A1, A2) - r.loss) < 1e-14
+    # A2's row range past the prefix engine's limit: the rows path over the table
+    big = 600.0 * np.eye(2)
+    assert _max_diff(pg.exact_loss_and_grad(task, A1, big), exact_loss_and_grad_numpy(task, A1, big)) < 1e-12
 
 
 def test_kheads():
