@@ -139,6 +139,30 @@ class _ContinuousPrior:
             tot = g.sum(axis=2, keepdims=True)
         return g / tot
 
+    # -- what needs atoms refuses in one line (a computation that sums over a finite prior's atoms)
+    def _no_atoms(self):
+        return ValueError(f"this computation sums over the prior's atoms, but {self!r} is continuous (a fresh pi per "
+                          "sequence): use a finite stand-in, e.g. popgrad.dirichlet_prior(S, alpha, n_atoms, seed), or "
+                          "a computation that reads the task's weight table (the exact engines, the references)")
+
+    def invariant_view(self):
+        raise self._no_atoms()
+
+    def expand(self):
+        raise self._no_atoms()
+
+    @property
+    def atoms(self):
+        raise self._no_atoms()
+
+    @property
+    def weights(self):
+        raise self._no_atoms()
+
+    @property
+    def stationary(self):
+        raise self._no_atoms()
+
     def diagnostics(self) -> PriorDiagnostics:
         """Knowl 10 for ``Dirichlet(α1)`` rows: the support reaches ``π(b|a) = 0`` (γ = 0: 10.1 fails) and
         the uniform matrix (non-degeneracy infimum 0); relabeling-symmetric and uniform mean exactly."""
@@ -213,11 +237,6 @@ class DirichletTensorPrior(_ContinuousPrior):
         self._k = as_int(k, "k", minimum=1)
         self._alpha = as_real(alpha, "alpha", minimum=0, strict=True, hint=" (the Dirichlet concentration)")
         self._roots = "uniform"
-
-    @property
-    def atoms(self):
-        raise ValueError("a DirichletTensorPrior is continuous and has no atoms: use the task's weight table "
-                         "(MultiParentTask.weight_table) or a finite prior (dirichlet_tensor_prior)")
 
     def summary(self) -> str:
         return (f"DirichletTensorPrior S={self._S} k={self._k} alpha={self._alpha:g} roots=uniform (continuous, a "
