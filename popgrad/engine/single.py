@@ -168,6 +168,10 @@ def blocks(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> BlockJob:
     if _table.use_table(task, per_atom=False):  # a continuous prior: the weight table (DESIGN §20)
         return _table_job(task, A1, A2, eps, want_grad, engine, symmetry, opts)
     sym, A2, P, engine = decide(task, A1, A2, symmetry, engine, opts)
+    if engine == "prefix" and not sym and _table.use_table(task, per_atom=True):
+        # many atoms: the prefix engine still carries K products per prefix node; the table-fed plan carries
+        # none (the orbit reduction, when it applies, is cheaper still and keeps the per-atom path)
+        engine = "table-prefix"
     return _new_job((engine, sym, P, A2, float(eps), bool(want_grad), opts))
 
 

@@ -10,10 +10,12 @@ independent of ``K``.
 
 **The one rule** (:func:`use_table`): the table path when the prior is
 continuous, or when the engine's per-call cost grows with the number of atoms
-(``per_atom=True``: the k-head and full-model engines; the reduced
-single-parent prefix engine keeps its own leaf-weight cache, so it passes
-``False``) and ``K ≥ TABLE_MIN_ATOMS`` and the table fits the task's memory
-budget. Both paths compute the same sums (tests: 1e-13 on finite priors).
+(``per_atom=True``: the k-head and full-model engines, and the reduced
+prefix engine, which carries ``K`` products per prefix node even with its
+leaf weights cached) and ``K ≥ TABLE_MIN_ATOMS`` and the table fits the task's
+memory budget. (The reduced engine's exact orbit reduction, when it applies,
+is cheaper still and keeps its own path.) Both paths compute the same sums
+(tests: 1e-13 on finite priors).
 """
 from __future__ import annotations
 

@@ -75,11 +75,15 @@ def test_table_equals_per_atom_path(monkeypatch):
     A1, A2 = rng.normal(size=(2, 5, 5)), rng.normal(size=(2, 2, 2))
     model = pg.CatFormer(2, 5)
     params = model.init(0.7, 1)
-    via_table = pg.exact_loss_and_grad(mt, A1, A2), catformer_loss_and_grad(st, model, params)
+    B1, B2 = rng.normal(size=(5, 5)), rng.normal(size=(2, 2))  # not in span{I, 11^T}: no orbit reduction
+    via_table = (pg.exact_loss_and_grad(mt, A1, A2), catformer_loss_and_grad(st, model, params),
+                 pg.exact_loss_and_grad(st, B1, B2))
     monkeypatch.setattr(_table, "TABLE_MIN_ATOMS", 10**9)
     assert not _table.use_table(mt, per_atom=True)
-    per_atom = pg.exact_loss_and_grad(mt, A1, A2), catformer_loss_and_grad(st, model, params)
+    per_atom = (pg.exact_loss_and_grad(mt, A1, A2), catformer_loss_and_grad(st, model, params),
+                pg.exact_loss_and_grad(st, B1, B2))
     assert _max_diff(via_table[0], per_atom[0]) < 1e-13
+    assert _max_diff(via_table[2], per_atom[2]) < 1e-13
     a, b = via_table[1], per_atom[1]
     assert abs(a.loss - b.loss) < 1e-13
     assert max(float(np.abs(x - y).max()) for x, y in zip(a.dA, b.dA)) < 1e-13
