@@ -5,6 +5,8 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 from scipy import integrate, stats
 from scipy.special import betaln, gammaln, hyp1f1
 
@@ -272,3 +274,14 @@ def test_optimal_loss_continuous():
     mc = -np.mean(np.sum(pis * np.log(np.where(pis > 0, pis, 1.0)), axis=2))
     assert abs(pg.optimal_loss(task) - mc) < 5e-3
     assert pg.optimal_loss(task) < pg.bayes_loss(task)
+
+
+@settings(max_examples=15, deadline=None)
+@given(S=hst.integers(2, 3), T=hst.integers(2, 4), seed=hst.integers(0, 10**6),
+       alpha=hst.floats(0.05, 3.0), root_prob=hst.floats(0.0, 1.0))
+def test_uniform_closed_form_property(S, T, seed, alpha, root_prob):
+    """Any tree, any α: the table equals the term-by-term closed form and sums to one."""
+    task = pg.Task(pg.random_tree(T, seed, root_prob), pg.DirichletPrior(S, alpha, roots="uniform"))
+    w = task.weight_table()
+    np.testing.assert_allclose(w, _closed_form(task), rtol=1e-12, atol=0)
+    assert abs(w.sum() - 1.0) < 1e-12
