@@ -11,7 +11,6 @@ from scipy import integrate, stats
 from scipy.special import betaln, gammaln, hyp1f1
 
 import popgrad as pg
-from popgrad.task import dirichlet as D
 from popgrad.task.priors import stationary_distribution
 
 
@@ -266,8 +265,6 @@ def test_official_bayes_root_quirk():
 
 
 def test_optimal_loss_continuous():
-    from scipy.special import digamma
-
     rng = np.random.default_rng(0)
     task = pg.Task(pg.chain(4), pg.DirichletPrior(3, 0.2))
     pis = task.prior.draw(200_000, rng)
