@@ -26,10 +26,10 @@ import numpy as np
 
 from .._validation import ArgumentTypeError
 from ..engine.catformer_attention import catformer_attention
-from ..model.catformer import CatFormer, catformer_forward
-from ..task.tasks import MultiParentTask, Task
+from ..model.catformer import CatFormer, catformer_forward, check_task_model
+from ..task.tasks import MultiParentTask
 from .results import CheckResult, not_applicable
-from .theorems import check_head_specialization
+from .recovery import check_head_specialization
 
 __all__ = ["population_attention", "positional_attention", "attention_to_parent_per_position",
            "check_catformer_graph_recovery", "check_catformer_head_specialization", "check_induction_head",
@@ -38,14 +38,7 @@ __all__ = ["population_attention", "positional_attention", "attention_to_parent_
 _CHUNK = 2**14
 
 
-def _check(task, model, params):
-    if not isinstance(task, (Task, MultiParentTask)):
-        raise ArgumentTypeError(f"task must be a popgrad.Task or popgrad.MultiParentTask, got {type(task).__name__}")
-    if not isinstance(model, CatFormer):
-        raise ArgumentTypeError(f"model must be a popgrad.CatFormer, got {type(model).__name__}")
-    if (model.S, model.T) != (task.S, task.T):
-        raise ValueError(f"model has S = {model.S}, T = {model.T} but the task has S = {task.S}, T = {task.T}")
-    return model.check_params(params)
+_check = check_task_model
 
 
 def population_attention(task, model, params) -> np.ndarray:

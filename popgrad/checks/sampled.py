@@ -24,7 +24,8 @@ from ..task.tasks import Task
 from ..engine.baselines import optimal_loss
 from .hypotheses import measure_hypotheses, within_hypotheses
 from .results import CheckResult, not_applicable
-from .theorems import _stage2_verdict, ood_transition, ood_verdict, stage2_convergence
+from .loss import _stage2_verdict, stage2_convergence
+from .ood import ood_transition, ood_verdict
 
 __all__ = ["check_loss_convergence_sampled", "check_ood_sampled"]
 

@@ -35,10 +35,10 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from .._validation import ArgumentTypeError, as_eps, warn_inf
-from ..model.catformer import CatFormer, catformer_backward
+from .._validation import as_eps, warn_inf
+from ..model.catformer import catformer_backward, check_task_model
 from ..task.tasks import MultiParentTask
-from ._args import check_task, options_or_default
+from ._args import options_or_default
 from ._kernels import catformer as _kc
 
 __all__ = ["CatFormerLossAndGrad", "catformer_loss_and_grad", "catformer_loss", "catformer_loss_and_grad_numpy"]
@@ -63,13 +63,7 @@ class CatFormerLossAndGrad(NamedTuple):
 
 
 def _validate(task, model, params, eps):
-    check_task(task)
-    if not isinstance(model, CatFormer):
-        raise ArgumentTypeError(f"model must be a popgrad.CatFormer, got {type(model).__name__}")
-    if (model.S, model.T) != (task.S, task.T):
-        raise ValueError(f"model has S = {model.S}, T = {model.T} but the task has S = {task.S}, T = {task.T}: "
-                         f"use CatFormer({task.S}, {task.T}, ...)")
-    params = model.check_params(params)
+    params = check_task_model(task, model, params)
     if eps is None:
         eps = 0.0 if model.readout == "softmax" else as_eps(task, None)
     else:

@@ -36,8 +36,7 @@ import numpy as np
 from .._io import atomic_savez
 from .._validation import ArgumentTypeError, as_int, as_real
 from ..engine.catformer import catformer_loss_and_grad
-from ..model.catformer import CatFormer, CatFormerParams
-from ..task.tasks import MultiParentTask, Task
+from ..model.catformer import CatFormer, CatFormerParams, check_task_model
 from .loop import StepValues, run_schedule, start_state
 from .optim import LR_SCHEDULES, OPTIMIZERS, Optimizer, OptimizerState
 from .trajectory import _as_path, _open_npz
@@ -327,13 +326,7 @@ def train_catformer(
     CatFormerTrajectory
         ``final``, ``step``, ``loss``, ``grad_norm``, ``lr``, recorded ``A`` and ``W``, ``status``.
     """
-    if not isinstance(task, (Task, MultiParentTask)):
-        raise ArgumentTypeError(f"task must be a popgrad.Task or popgrad.MultiParentTask, got {type(task).__name__}")
-    if not isinstance(model, CatFormer):
-        raise ArgumentTypeError(f"model must be a popgrad.CatFormer, got {type(model).__name__}")
-    if (model.S, model.T) != (task.S, task.T):
-        raise ValueError(f"model has S = {model.S}, T = {model.T} but the task has S = {task.S}, T = {task.T}: "
-                         f"use CatFormer({task.S}, {task.T}, ...)")
+    check_task_model(task, model, None)
     steps = as_int(steps, "steps", minimum=1)
     if not isinstance(optimizer, str) or optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
