@@ -22,12 +22,13 @@ from ..task.priors import FinitePrior
 from ..task.tasks import MultiParentTask, Task
 from ..train.algorithm1 import train_two_stage
 from ..train.multihead import initial_parameters
+from .ood import context_free_loss
 from ._common import _as_A1, _as_A2, _check_task, _hypotheses
 from .hypotheses import within_hypotheses
 from .results import CheckResult, _result, fit_power_law, inconclusive, not_applicable
 
 __all__ = ["reference_losses", "stage2_convergence", "check_loss_convergence", "loss_sweep", "STAGE2_RTOL",
-           "STAGE2_GRAD_RTOL"]
+           "STAGE2_GRAD_RTOL", "LOSS_MARGIN_FRACTION"]
 
 
 def reference_losses(task, eps=None) -> dict:
@@ -56,6 +57,7 @@ def reference_losses(task, eps=None) -> dict:
         "L_count": float(count_estimator_loss(task, eps=eps)),
         "L_floor_eps": float(floor_loss(task, eps=eps)),
     }
+    refs["L_context_free"] = context_free_loss(task, eps)
     if isinstance(task, MultiParentTask):
         refs["L_count_model_limit"] = float(count_estimator_loss(task, eps=eps, model_limit=True))
     return refs
@@ -165,9 +167,43 @@ def check_loss_convergence(task, A1, A2, beta0: float, eps=None, references=None
     conv = stage2_convergence(trajectory, optimum, L)
     if conv:
         details["stage2_convergence"] = conv
+    no_graph = _no_graph_losses(task, refs, eps)
+    L_ng = min(no_graph.values())
+    floor = refs.get("L_floor_eps")
+    floor = floor_loss(task, eps=refs.get("eps", task.default_eps if eps is None else eps)) if floor is None else floor
+    need = LOSS_MARGIN_FRACTION * (L_ng - floor)
+    details.update(no_graph, L_no_graph=L_ng, count_margin_over_no_graph=L_ng - refs["L_count"],
+                   count_margin_needed=need,
+                   rule=(f"passes when L(theta_hat) - L_count <= 0; decided only when the count estimator beats the "
+                         f"best predictor that ignores the graph (context-free, or the model at uniform attention) by "
+                         f">= {LOSS_MARGIN_FRACTION:g} of that predictor's excess over the floor"))
     res = _result("loss_convergence", L - refs["L_count"], 0.0, "<=", statement, details)
+    if not L_ng - refs["L_count"] >= need:
+        return within_hypotheses(
+            inconclusive(res, f"the count estimator is not clearly better than a predictor that ignores the graph at "
+                              f"T = {T} (L_no_graph - L_count = {L_ng - refs['L_count']:.3g}, needs >= {need:.3g}): "
+                              "T_eff too small to tell learning from not learning"), _hypotheses(task, hypotheses))
     res = _stage2_verdict(res, conv)
     return within_hypotheses(res, _hypotheses(task, hypotheses))
+
+
+#: The loss check is decided only when the count estimator (Knowl 8's construction) beats the best predictor that
+#: ignores the graph by at least this fraction of that predictor's excess over the exact floor.
+LOSS_MARGIN_FRACTION = 0.1
+
+
+def _no_graph_losses(task, refs, eps) -> dict:
+    """ε-losses of the predictors that ignore the graph: the best context-free one (``L_context_free``) and the
+    model at uniform attention in both layers (``L_uniform_attention``: the in-context token frequencies)."""
+    e = refs.get("eps", eps)
+    e = task.default_eps if e is None else float(e)
+    cf = refs.get("L_context_free")
+    if cf is None or not np.isfinite(cf):
+        cf = context_free_loss(task, e)
+    shape1 = (task.k, task.T, task.T) if isinstance(task, MultiParentTask) else (task.T, task.T)
+    shape2 = (task.k, task.S, task.S) if isinstance(task, MultiParentTask) else (task.S, task.S)
+    uni = exact_loss(task, np.zeros(shape1), np.zeros(shape2), e)
+    return {"L_context_free": float(cf), "L_uniform_attention": float(uni)}
 
 
 def loss_sweep(graph_for_T: Callable, prior: FinitePrior, T_values, train_kwargs: dict) -> dict:

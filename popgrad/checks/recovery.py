@@ -21,7 +21,7 @@ from ..model.reduced import first_layer_attention
 from ..task.tasks import MultiParentTask, Task
 from ._common import _as_A1, _check_task, _hypotheses
 from .hypotheses import within_hypotheses
-from .results import CheckResult, _result, not_applicable
+from .results import ATTENTION_LIFT, CheckResult, _result, attention_lift, inconclusive, not_applicable
 
 __all__ = ["check_graph_recovery", "check_head_specialization", "check_roots"]
 
@@ -88,18 +88,45 @@ def check_roots(task, A1, tol: float = 0.1, hypotheses="auto") -> CheckResult:
                               "no in-context root can attend to two or more positions (the only in-context root, "
                               "if any, is position 0, whose row is uniform by construction)")
     if isinstance(task, MultiParentTask):
-        return within_hypotheses(_roots_multi(task, A1, roots, tol), hyp)
-    P = first_layer_attention(A1)
-    T = task.T
+        res = _roots_multi(task, A1, roots, tol)
+        P = head_attention(A1)
+    else:
+        P = first_layer_attention(A1)
+        T = task.T
 
-    def tv(i):
-        return float(0.5 * np.abs(P[i, : i + 1] - 1.0 / (i + 1)).sum())
+        def tv(i):
+            return float(0.5 * np.abs(P[i, : i + 1] - 1.0 / (i + 1)).sum())
 
-    per_root = {i: tv(i) for i in roots}
-    details = {"per_root_tv": per_root, "query_row_tv": tv(T - 1),
-               "query_row_self_attention": float(P[T - 1, T - 1])}
-    res = _result("roots_uniform", max(per_root.values()), tol, "<=", statement, details)
+        per_root = {i: tv(i) for i in roots}
+        details = {"per_root_tv": per_root, "query_row_tv": tv(T - 1),
+                   "query_row_self_attention": float(P[T - 1, T - 1])}
+        res = _result("roots_uniform", max(per_root.values()), tol, "<=", statement, details)
+        P = P[None]
+    learned = _non_root_lift(task, P)
+    res = res._replace(details={**res.details, "non_root_min_lift": learned,
+                                "rule": (f"passes when every in-context root row has TV <= {tol:g} from uniform, "
+                                         f"decided only when the non-root rows learned their parents (min lift >= "
+                                         f"{ATTENTION_LIFT:g})")})
+    if not learned >= ATTENTION_LIFT:
+        res = inconclusive(res, f"the non-root rows have not learned their parents (smallest lift of the attention "
+                                f"to a parent over uniform {learned:.3g}, needs >= {ATTENTION_LIFT:g}): uniform root "
+                                "rows are no evidence of Knowl 3.3 when nothing was learned")
     return within_hypotheses(res, hyp)
+
+
+def _non_root_lift(task, P) -> float:
+    """Smallest over non-root rows ``0 < i < T-1`` of the largest (over heads and the row's parents) lift
+    ``(P[h, i, p] − 1/(i+1)) / (1 − 1/(i+1))``: how much the rows that carry a signal learned."""
+    par = np.asarray(task.graph.parents)
+    T = task.T
+    out = float("inf")
+    for i in range(1, T - 1):
+        ps = par[i][par[i] >= 0] if par.ndim == 2 else ([par[i]] if par[i] >= 0 else [])
+        if len(ps) == 0:
+            continue
+        a = max(float(P[h, i, p]) for h in range(P.shape[0]) for p in ps)
+        out = min(out, float(attention_lift(a, 1.0 / (i + 1))))
+    return out if np.isfinite(out) else float("nan")
 
 
 # ===================================================== multi-parent tasks
@@ -116,9 +143,12 @@ def check_head_specialization(task, A1, hypotheses="auto") -> CheckResult:
     permutation ``σ`` of the slots explains every row: head ``h`` always
     attends to slot ``σ(h)``.
 
-    Value: the fraction of (head, row) pairs that agree with the best
-    permutation (all ``k!`` are tried for ``k ≤ 6``; for larger ``k`` only the
-    identity); threshold 1; passes when the split is one-to-one. Details:
+    The best permutation is searched over all ``k!`` for ``k ≤ 6`` (for larger
+    ``k`` only the identity). Value: the smallest lift ``(a − u)/(1 − u)`` of a
+    head's attention ``a`` on its assigned slot's parent over uniform attention
+    ``u = 1/(i+1)`` (0 for a model that learned nothing, 1 for the
+    construction); threshold :data:`~.results.ATTENTION_LIFT`; passes when it is
+    reached and the split is one-to-one. Details: the agreement fraction,
     the permutation, each head's slot per row, the attention each head puts
     on its assigned slot's parent (minimum over rows) and the rows that
     disagree.
@@ -154,19 +184,25 @@ def check_head_specialization(task, A1, hypotheses="auto") -> CheckResult:
             best, sigma = agree, perm
     total = k * len(rows)
     attn = {h: {i: float(P[h, i, slots[sigma[h], i]]) for i in rows} for h in range(k)}
+    lift = {h: {i: float(attention_lift(attn[h][i], 1.0 / (i + 1))) for i in rows} for h in range(k)}
     disagree = [[h, i] for h in range(k) for i in rows if slot_of[h, i] != sigma[h]]
+    value = min(v for d in lift.values() for v in d.values())
     details = {
         "assignment_head_to_slot": {h: int(sigma[h]) for h in range(k)},
         "one_to_one": not disagree,
+        "agreement_fraction": best / total,
         "rows": rows,
         "slot_by_head_and_row": {h: {i: int(slot_of[h, i]) for i in rows} for h in range(k)},
         "min_attention_on_assigned_parent": {h: min(attn[h].values()) for h in range(k)},
         "attention_on_assigned_parent": attn,
+        "lift_on_assigned_parent": lift,
         "disagreeing_head_row_pairs": disagree,
         "note": "slot -1: the row's argmax is not one of its parents",
+        "rule": (f"passes when the argmaxes split the slots one-to-one and every head's attention on its slot's "
+                 f"parent has lift (a - 1/(i+1)) / (1 - 1/(i+1)) >= {ATTENTION_LIFT:g}"),
     }
-    value = best / total
-    res = CheckResult("head_specialization", float(value), 1.0, not disagree, ">=", statement, details)
+    res = CheckResult("head_specialization", float(value), ATTENTION_LIFT, bool(not disagree and value >= ATTENTION_LIFT),
+                      ">=", statement, details)
     return within_hypotheses(res, _hypotheses(task, hypotheses))
 
 

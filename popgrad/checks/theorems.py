@@ -19,7 +19,7 @@ from ._common import _as_A1, _as_A2, _check_task, _hypotheses  # noqa: F401  (ol
 from .alignment import alignment_sweep, check_gradient_alignment, gradient_agreement
 from .loss import (STAGE2_GRAD_RTOL, STAGE2_RTOL, _stage2_verdict, check_loss_convergence,  # noqa: F401
                    loss_sweep, reference_losses, stage2_convergence)
-from .ood import (SHRINK_RTOL, _ood_quantiles, _weighted_quantile, check_ood, ood_transition,  # noqa: F401
+from .ood import (SHRINK_RTOL, _weighted_quantile, check_ood, ood_transition,  # noqa: F401
                   ood_verdict, sup_error_distribution)
 from .recovery import _roots_multi, check_graph_recovery, check_head_specialization, check_roots  # noqa: F401
 from .results import CheckResult, SweepFit, fit_power_law, not_applicable
