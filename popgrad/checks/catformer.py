@@ -172,8 +172,9 @@ def check_induction_head(task, model, params) -> CheckResult:
     the mass ``m_g = E_s[Σ_j P^(2)_g[T-1, j] 1{j matches}]``, where ``j < T-1`` matches when for every
     parent slot ``σ`` the token of its slot-``σ`` parent equals the query's (single parent: the query token
     itself; k parents: the target's slot-``σ`` parent token). Against uniform layer-2 attention
-    ``u = E_s[#matches / T]`` and the construction (all mass on matches when there is one)
-    ``m* = P(#matches > 0)``. Value: the best (over ``g``) lift ``(m_g − u)/(m* − u)``; threshold
+    ``u = E_s[#matches / T]`` and Knowl 8's construction ``m*`` (uniform over the matches and, single parent,
+    the roots whose prefix is all the query token, whose copy is that token too: the model limit of
+    :func:`popgrad.engine.baselines.count_estimator_predict`; nothing when no position matches). Value: the best (over ``g``) lift ``(m_g − u)/(m* − u)``; threshold
     :data:`ATTENTION_LIFT`. Details: the masses, and the token-token block of ``Ã^(2)`` each layer-1
     head's copy meets (its margin ``min_a (B[a,a] − max_{b≠a} B[a,b])``, the old argmax-only reading).
     """
@@ -231,6 +232,8 @@ def _matching_mass(task, model, params, slots, keys):
     m2 = model.heads[1]
     mass = np.zeros(m2)
     base = top = 0.0
+    single = not isinstance(task, MultiParentTask)
+    roots = [j for j in range(T - 1) if j not in set(keys.tolist())]
     for seqs, w in task.enumerate(chunk_size=_CHUNK):
         p = w.sum(axis=1)
         probs = catformer_forward(model, params, seqs)[3]
@@ -241,7 +244,11 @@ def _matching_mass(task, model, params, slots, keys):
             mass[g] += float(p @ np.sum(probs[1][:, g, T - 1, keys] * match, axis=1))
         n = match.sum(axis=1)
         base += float(p @ (n / T))
-        top += float(p @ (n > 0))
+        # the construction attends uniformly to the matches plus the roots whose prefix is all the query token
+        # (their layer-1 copy is that token too; popgrad.engine.baselines.count_estimator_predict's model limit)
+        same = np.cumprod(seqs[:, : T - 1] == seqs[:, [T - 1]], axis=1)
+        extra = same[:, roots].sum(axis=1) if (single and roots) else 0
+        top += float(p @ np.where(n > 0, n / np.maximum(n + extra, 1), 0.0))
     return mass, base, top
 
 

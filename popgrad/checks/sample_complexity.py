@@ -432,9 +432,10 @@ def check_sample_complexity(task: Task, beta0: float = 1e-3, level: float = 0.99
             sims.append(sim)
         details["simulation"] = sims
         value = float(sims[-1]["ci95"][1])
-    rule = (f"passes when the upper end of the simulation's 95% interval at N_min is >= level, decided only when "
-            f"the interval is narrower than 1 - level = {1 - level:.3g} (else the simulation cannot resolve the "
-            "level); fails when the upper end is below the level")
+    floor = 1 - 2 * (1 - level)
+    rule = (f"passes when the upper end of the simulation's 95% interval at N_min is >= level and its lower end "
+            f">= 1 - 2(1 - level) = {floor:.4g} (the simulation rules out twice the allowed failure rate); fails "
+            "when the upper end is below the level; else inconclusive")
     details["rule"] = rule
     passed = bool(value >= level)
     res = CheckResult("sample_complexity", value, level, passed, ">=", SAMPLE_COMPLEXITY_STATEMENT, details,
@@ -442,10 +443,9 @@ def check_sample_complexity(task: Task, beta0: float = 1e-3, level: float = 0.99
     if not simulate:
         return inconclusive(res, "the simulation was not run (simulate=False): the verdict needs it")
     lo, hi = sims[-1]["ci95"]
-    if passed and not hi - lo < 1 - level:
+    if passed and not lo >= floor:
         return inconclusive(res, f"{replicates} replicate(s) cannot resolve the level: the 95% interval at N_min is "
-                                 f"[{lo:.3g}, {hi:.3g}] (width {hi - lo:.3g}, needs < {1 - level:.3g}); use more "
-                                 "replicates")
+                                 f"[{lo:.3g}, {hi:.3g}] (its lower end needs >= {floor:.4g}); use more replicates")
     return within_hypotheses(res, hyp)
 
 
