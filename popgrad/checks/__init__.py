@@ -16,8 +16,8 @@
 """
 from . import catformer
 from .hypotheses import GAMMA_MIN, NEEDS, Hypotheses, Hypothesis, measure_hypotheses, within_hypotheses
-from .results import (ATTENTION_LIFT, RATE_EXPONENT, STATUSES, attention_lift, CheckResult, SweepFit, all_passed, fit_power_law, inconclusive,
-                      not_applicable, rate_status)
+from .results import (ATTENTION_LIFT, RATE_EXPONENT, STATUSES, CheckResult, SweepFit, all_passed, attention_lift,
+                      fit_power_law, inconclusive, not_applicable, rate_status)
 from .stage2 import Stage2Optimum, converge_stage2, converged_loss_sweep
 from .sampled import check_loss_convergence_sampled, check_ood_sampled
 from .sample_complexity import check_sample_complexity, sample_complexity_sweep, sgd_spread
@@ -59,7 +59,8 @@ __all__ = [
     "check_loss_convergence_sampled", "check_ood_sampled",
     "check_sample_complexity", "sample_complexity_sweep", "sgd_spread",
     "reference_losses_multi", "check_loss_convergence_multi", "check_roots_multi",
-    "STATUSES", "RATE_EXPONENT", "ATTENTION_LIFT", "attention_lift", "all_passed", "inconclusive", "rate_status", "ood_verdict",
+    "STATUSES", "RATE_EXPONENT", "ATTENTION_LIFT", "attention_lift",
+    "all_passed", "inconclusive", "rate_status", "ood_verdict",
     "GAMMA_MIN", "NEEDS", "Hypothesis", "Hypotheses", "measure_hypotheses", "within_hypotheses",
     "Stage2Optimum", "converge_stage2", "converged_loss_sweep", "default_roots_T", "root_drive_ratio",
     "check_catformer_graph_recovery", "check_catformer_head_specialization", "check_induction_head",

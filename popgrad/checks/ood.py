@@ -140,8 +140,9 @@ def ood_verdict(name, statement, T, t_eff, q_model, q_count, q_cf, details, kind
     gap = q_cf - q_count
     thr_q = q_count + OOD_FRACTION * gap
     value = (q_model[-1] - q_count) / gap if gap > 0 else float("nan")
-    rule = (f"passes when (q - q_count) / (q_cf - q_count) <= {OOD_FRACTION:g} (q the model's {details.get('quantile', 0.99):g}-"
-            "quantile of sup_c |f - pi~|; count estimator and context-free predictor the references)")
+    qq = details.get("quantile", 0.99)
+    rule = (f"passes when (q - q_count) / (q_cf - q_count) <= {OOD_FRACTION:g} (q the model's {qq:g}-quantile of "
+            "sup_c |f - pi~|; q_count Knowl 8's construction's, q_cf the context-free predictor's)")
     details = dict(details, ood_quantile_construction=q_count, ood_quantile_context_free=q_cf,
                    ood_quantile_threshold=thr_q, rule=rule)
     ok = bool(gap > 0 and value <= OOD_FRACTION)

@@ -201,8 +201,8 @@ def check_head_specialization(task, A1, hypotheses="auto") -> CheckResult:
         "rule": (f"passes when the argmaxes split the slots one-to-one and every head's attention on its slot's "
                  f"parent has lift (a - 1/(i+1)) / (1 - 1/(i+1)) >= {ATTENTION_LIFT:g}"),
     }
-    res = CheckResult("head_specialization", float(value), ATTENTION_LIFT, bool(not disagree and value >= ATTENTION_LIFT),
-                      ">=", statement, details)
+    passed = bool(not disagree and value >= ATTENTION_LIFT)
+    res = CheckResult("head_specialization", float(value), ATTENTION_LIFT, passed, ">=", statement, details)
     return within_hypotheses(res, _hypotheses(task, hypotheses))
 
 

@@ -50,7 +50,8 @@ def test_outside_the_hypotheses_is_inconclusive(tmp_path, capsys):
     for name in ("roots_uniform", "loss_convergence", "ood_generalization", "graph_recovery"):
         c = checks[name]
         assert c["status"] == "inconclusive", name
-        assert c["passed"] is None and c["value"] is not None
+        # the value stands -- except OOD's when its references do not separate (then it has no value, and says so)
+        assert c["passed"] is None and (c["value"] is not None or "no better than the context-free" in c["reason"])
     assert "uniform mean fails (error" in checks["roots_uniform"]["reason"]
     assert "Knowl 3.3 assumes" in checks["roots_uniform"]["reason"]
     assert "gamma fails (measured" in checks["graph_recovery"]["reason"]
