@@ -174,13 +174,17 @@ def check_induction_head(task, model, params) -> CheckResult:
     itself; k parents: the target's slot-``σ`` parent token). Against uniform layer-2 attention
     ``u = E_s[#matches / T]`` and Knowl 8's construction ``m*`` (uniform over the matches and, single parent,
     the roots whose prefix is all the query token, whose copy is that token too: the model limit of
-    :func:`popgrad.engine.baselines.count_estimator_predict`; nothing when no position matches). Value: the best (over ``g``) lift ``(m_g − u)/(m* − u)``; threshold
-    :data:`ATTENTION_LIFT`. Details: the masses, and the token-token block of ``Ã^(2)`` each layer-1
-    head's copy meets (its margin ``min_a (B[a,a] − max_{b≠a} B[a,b])``, the old argmax-only reading).
+    :func:`popgrad.engine.baselines.count_estimator_predict`; nothing when no position matches).
+    An induction head matches the tokens layer 1 *copied*: the layer-1 attention to each parent slot
+    (best head, smallest lift over the key rows, as :func:`check_catformer_graph_recovery`) must have
+    formed too. Value: the smaller of the best (over ``g``) lift ``(m_g − u)/(m* − u)`` and that copy
+    lift; threshold :data:`ATTENTION_LIFT`. Details: the masses, and the token-token block of ``Ã^(2)``
+    each layer-1 head's copy meets (its margin ``min_a (B[a,a] − max_{b≠a} B[a,b])``, the old argmax-only reading).
     """
     params = _check(task, model, params)
     statement = ("layer 2 is an induction head: the query's attention mass on the positions whose copied parent "
-                 "token(s) match its own is at least halfway from uniform attention to the construction's")
+                 "token(s) match its own is at least halfway from uniform attention to the construction's, and layer 1 "
+                 "copies the parents")
     if model.n_layers < 2:
         return not_applicable("induction_head", statement, "the model has one layer")
     S, T, d0 = model.S, model.T, model.dims[0]
@@ -199,8 +203,11 @@ def check_induction_head(task, model, params) -> CheckResult:
                               "no position can match the query (or every one always does): nothing to select")
     lifts = attention_lift(mass, uniform, top)
     g = int(np.argmax(lifts))
-    value = float(lifts[g])
     Pbar = population_attention(task, model, params)
+    u_rows = 1.0 / (keys + 1.0)
+    copy_lift = min(max(float(attention_lift(Pbar[h, keys, par[keys]], u_rows).min()) for h in range(model.heads[0]))
+                    for _, par in slots)
+    value = float(min(lifts[g], copy_lift))
     blocks = {}
     for h in range(model.heads[0]):
         cols = slice(d0 * (1 + h), d0 * (1 + h) + S)
@@ -217,11 +224,14 @@ def check_induction_head(task, model, params) -> CheckResult:
         "same_under_uniform_attention": float(uniform),
         "same_for_the_construction": float(top),
         "lift_per_layer2_head": [float(v) for v in lifts],
+        "matching_mass_lift": float(lifts[g]),
+        "layer1_copy_lift": copy_lift,
         "layer1_attention_to_slot0_parent_per_head": score,
         "token_block_margins": blocks,
         "max_abs_A2": float(np.max(np.abs(A2))),
-        "rule": (f"passes when (m - u) / (m* - u) >= {ATTENTION_LIFT:g}: m the query's layer-2 mass on matching "
-                 "positions, u its value at uniform attention, m* the construction's"),
+        "rule": (f"passes when min((m - u) / (m* - u), layer-1 copy lift) >= {ATTENTION_LIFT:g}: m the query's "
+                 "layer-2 mass on matching positions, u its value at uniform attention, m* the construction's; the "
+                 "copy lift: the smallest lift over rows of the layer-1 attention to each parent slot (best head)"),
     }
     return CheckResult("induction_head", value, ATTENTION_LIFT, value >= ATTENTION_LIFT, ">=", statement, details)
 

@@ -179,6 +179,10 @@ def test_full_model_construction_passes_and_stays_after_training(small_task):
         rec = cc.check_catformer_graph_recovery(small_task, model, p)
         ind = cc.check_induction_head(small_task, model, p)
         assert rec.status == "pass" and ind.status == "pass", (rec.value, ind.value)
+    # the same second layer over a first layer that copies nothing is no induction head
+    _, no_copy = pg.catformer_from_reduced(np.zeros((T, T)), 8.0 * np.eye(S), S, T)
+    ind = cc.check_induction_head(small_task, model, no_copy)
+    assert ind.status == "fail" and ind.details["layer1_copy_lift"] < 0.1
 
 
 # ------------------------------------------------------------- sampled
