@@ -106,7 +106,9 @@ def test_default_task_checks_pass(tmp_path):
     failed = [c["name"] for c in report["checks"] if c["status"] == "fail"]
     assert not failed, failed
     status = {c["name"]: c["status"] for c in report["checks"]}
-    assert status["graph_recovery"] == status["loss_convergence"] == status["ood_generalization"] == "pass"
+    assert status["graph_recovery"] == status["loss_convergence"] == "pass"
+    # Knowl 4 at T = 10: the construction's 0.99-quantile is no better than the context-free predictor's (issue 27)
+    assert status["ood_generalization"] == "inconclusive"
     assert status["roots_uniform"] == "not_applicable"  # a chain: no in-context root with two positions
     assert status["gradient_alignment"] in ("pass", "inconclusive")
     for c in report["checks"]:
