@@ -65,7 +65,7 @@ def test_roots_pass_on_icl_with_the_sweep(tmp_path, capsys):
     sweep = roots["details"]["sweep"]
     assert sweep["T"] == [10, 20, 40, 80] and sweep["root_drive_ratio"][-1] < sweep["root_drive_ratio"][0]
     ood = checks["ood_generalization"]
-    assert ood["threshold"] == 0.5 and len(ood["details"]["sweep_T"]) >= 2  # checks.ood.OOD_FRACTION
+    assert ood["threshold"] in (0.5, 0.0) and len(ood["details"]["sweep_T"]) >= 2  # OOD_FRACTION, or 0 (no separation)
 
 
 def test_fail_is_a_fail(tmp_path, capsys):
