@@ -58,7 +58,6 @@ __all__ = [
     "check_alignment_rate", "alignment_rate_sweep", "check_field_dpi", "check_roots_at_scale", "default_alignment_T",
     "check_loss_convergence_sampled", "check_ood_sampled",
     "check_sample_complexity", "sample_complexity_sweep", "sgd_spread",
-    "reference_losses_multi", "check_loss_convergence_multi", "check_roots_multi",
     "STATUSES", "RATE_EXPONENT", "ATTENTION_LIFT", "attention_lift",
     "all_passed", "inconclusive", "rate_status", "ood_verdict",
     "GAMMA_MIN", "NEEDS", "Hypothesis", "Hypotheses", "measure_hypotheses", "within_hypotheses",

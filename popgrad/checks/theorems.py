@@ -39,10 +39,9 @@ __all__ = [
     "not_applicable",
     "check_head_specialization",
     "reference_losses",
-    "reference_losses_multi",
-    "check_loss_convergence_multi",
-    "check_roots_multi",
 ]
+#: Deprecated (one release), importable but not in ``__all__``: ``reference_losses_multi``,
+#: ``check_loss_convergence_multi``, ``check_roots_multi``.
 
 
 # ------------------------------------------------------- deprecated aliases (one release)
