@@ -113,16 +113,19 @@ def check_loss_convergence_sampled(objective: SampledObjective, A1, A2, referenc
     return within_hypotheses(res, hyp)
 
 
-def _sup_errors(task: Task, A1, A2, n: int, seed: int, predictor=None) -> np.ndarray:
+def _sup_errors(task: Task, A1, A2, n: int, seed: int, predictors=(None,)) -> list:
+    """``sup_c |f(s)_c − π(c|s_{T-1})|`` on one sample of ``n`` sequences, for each predictor (``None``: the
+    model at ``(A1, A2)``; else ``seqs -> f``)."""
     smp = task.sample(n, seed)
     P = first_layer_attention(A1)
-    out = np.empty(n)
+    outs = [np.empty(n) for _ in predictors]
     for lo in range(0, n, 2**15):
         hi = min(lo + 2**15, n)
         seqs = smp.seqs[lo:hi]
-        f = _predict(P, np.asarray(A2, dtype=np.float64), seqs) if predictor is None else predictor(seqs)
-        out[lo:hi] = np.abs(f - smp.targets[lo:hi]).max(axis=1)
-    return out
+        for out, pred in zip(outs, predictors):
+            f = _predict(P, np.asarray(A2, dtype=np.float64), seqs) if pred is None else pred(seqs)
+            out[lo:hi] = np.abs(f - smp.targets[lo:hi]).max(axis=1)
+    return outs
 
 
 def _context_free_table_sampled(task, n, seed):
@@ -148,11 +151,10 @@ def check_ood_sampled(task: Task, A1, A2, n: int = 100_000, seed: int = 0, pi_oo
         pi_ood = ood_transition(S, gamma)
     pi_ood = np.asarray(pi_ood, dtype=float)
     ood_task = Task(task.graph, FinitePrior(pi_ood), task.max_sequences)
-    e_ood = _sup_errors(ood_task, A1, A2, n, seed)
-    e_count = _sup_errors(ood_task, A1, A2, n, seed, count_predictor(task.graph, S))
     table = _context_free_table_sampled(task, n, seed + 2)
-    e_cf = _sup_errors(ood_task, A1, A2, n, seed, context_free_predictor(table))
-    e_in = _sup_errors(task, A1, A2, n, seed + 1)
+    e_ood, e_count, e_cf = _sup_errors(ood_task, A1, A2, n, seed, (None, count_predictor(task.graph, S),
+                                                                    context_free_predictor(table)))
+    (e_in,) = _sup_errors(task, A1, A2, n, seed + 1)
     q_ood = quantile_interval(e_ood, quantile)
     q_count = quantile_interval(e_count, quantile)
     q_cf = quantile_interval(e_cf, quantile)
