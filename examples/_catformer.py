@@ -43,7 +43,8 @@ def two_parent_task(S, T, alpha=1.0, atoms=16, seed=0):
 
 
 def record_diagnostics(task, traj):
-    """Per record: mean attention to parent (population, head 0) and the induction margin of layer 2."""
+    """Per record: mean attention to parent (population, head 0) and the induction lift of layer 2 (the value of
+    :func:`popgrad.checks.catformer.check_induction_head`: 0 at uniform attention, 1 at the construction)."""
     model = traj.model
     nr = [int(i) for i in task.graph.non_roots if i < task.T - 1]
     attn, attn_pos, margin = [], [], []
@@ -54,7 +55,7 @@ def record_diagnostics(task, traj):
         attn.append(float(np.mean(ap[nr])))
         pos = cc.attention_to_parent_per_position(task.graph, cc.positional_attention(model, p))[0]
         attn_pos.append(float(np.mean(pos[nr])))
-        margin.append(float(cc.check_induction_head(task, model, p).details["slots"][0]["margin"]))
+        margin.append(float(cc.check_induction_head(task, model, p).value))
     return np.array(attn), np.array(attn_pos), np.array(margin)
 
 

@@ -29,7 +29,8 @@ def main():
     res = checks.check_ood(task, A1, A2, pi_ood=pi_ood)
     print_checks([res])
     d = res.details
-    print(f"OOD:  mean {d['ood_mean']:.4f}  0.99-quantile {d['ood_quantile']:.4f}")
+    print(f"OOD:  mean {d['ood_mean']:.4f}  0.99-quantile {d['ood_quantile']:.4f} (construction "
+          f"{d['ood_quantile_construction']:.4f}, context-free {d['ood_quantile_context_free']:.4f})")
     print(f"in-d: mean {d['in_distribution_mean']:.4f}  0.99-quantile {d['in_distribution_quantile']:.4f}")
     e_o, p_o = checks.sup_error_distribution(task, A1, A2, pi_ood[None], np.ones(1))
     e_i, p_i = checks.sup_error_distribution(task, A1, A2, task.prior.atoms, task.prior.weights)

@@ -70,7 +70,7 @@ TARGETED = (
     _m("dpi-mu-wrong-axis", "popgrad/theory/dpi.py",
        '"col": float((dev2 / mu[None, :]).sum()),', '"col": float((dev2 / mu[:, None]).sum()),', T_DPI,
        "‖(π-1μᵀ)D^{-1/2}‖² divided by μ along rows: 4.4× too large on CE_RARE"),
-    _m("recovery-threshold-2C", "popgrad/checks/theorems.py",
+    _m("recovery-threshold-2C", "popgrad/checks/recovery.py",
        "threshold = 1.0 - C / task.T", "threshold = 1.0 - 2 * C / task.T", T_CHECKS,
        "graph recovery threshold 1 - C/T weakened to 1 - 2C/T"),
     _m("span-rtol-1e-2", "popgrad/engine/symmetry.py",
@@ -110,9 +110,9 @@ TARGETED = (
        "return r[:, None, :] * atoms / r[:, :, None] - r[:, :, None] * r[:, None, :]", T_INFO,
        "K = D^{-1/2} π D^{1/2} - √μ√μᵀ (the wrong similarity)"),
     # ---- checks/
-    _m("recovery-mean", "popgrad/checks/theorems.py",
+    _m("recovery-mean", "popgrad/checks/recovery.py",
        "value = float(attn.min())", "value = float(attn.mean())", T_CHECKS, "graph recovery value: mean over rows"),
-    _m("recovery-no-argmax", "popgrad/checks/theorems.py",
+    _m("recovery-no-argmax", "popgrad/checks/recovery.py",
        "return res._replace(passed=res.passed and bool(argmax_ok.all()))", "return res._replace(passed=res.passed)",
        T_CHECKS, "graph recovery ignores the argmax condition"),
     _m("field-dpi-normalized-by-competitor", "popgrad/checks/scale.py",
@@ -169,7 +169,7 @@ AST_SCOPE = {
     "popgrad/theory/information.py": (
         ["_kernels", "chain_information", "lca_distances", "pairwise_joint", "_h_table", "_idealized_from_graph",
          "idealized_grad_A1"], T_INFO),
-    "popgrad/checks/theorems.py": (["check_graph_recovery"], T_CHECKS),
+    "popgrad/checks/recovery.py": (["check_graph_recovery"], T_CHECKS),
     "popgrad/checks/scale.py": (["check_field_dpi"], T_CHECKS),
     "popgrad/checks/results.py": (["_result"], T_CHECKS),
 }

@@ -97,6 +97,8 @@ def log_checks(results, out: str, log=print) -> None:
             log(f"  [{tag}] {c.name}: {c.value:.4g} {c.comparison} {c.threshold:.4g}: {c.reason}")
         else:
             log(f"  [{tag}] {c.name}: {c.reason}")
+        if c.kind == "sampled" and c.status != "not_applicable" and c.details.get("rule"):
+            log(f"         rule: {c.details['rule']}")
     log(f"report: {os.path.join(out, 'report.md')}")
 
 

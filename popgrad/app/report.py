@@ -264,8 +264,14 @@ def render_markdown(report: dict, sections=()) -> str:
                      f"{_TAGS[status]} | {c.get('kind', 'exact')} | {c.get('reason', '')} |")
     counts = report.get("status_counts")
     if counts:
+        ap = report["all_passed"]
         lines += ["", "Verdicts: " + ", ".join(f"{counts[k]} {k}" for k in STATUS_NAMES) +
-                  f"; all decided checks passed: {report['all_passed']}."]
+                  ("; no check was decided (all_passed: null)." if ap is None
+                   else f"; all decided checks passed: {ap}.")]
+    rules = [(c["name"], c["details"]["rule"]) for c in report["checks"]
+             if isinstance(c.get("details"), dict) and c["details"].get("rule")]
+    if rules:
+        lines += ["", "Rules applied:", ""] + [f"- {name}: {rule}" for name, rule in rules]
     lines += list(sections)
     lines += ["", "## Details", ""]
     for c in report["checks"]:

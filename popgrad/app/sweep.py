@@ -359,7 +359,7 @@ def cached_row(cell_dir: str, cfg: dict) -> dict | None:
         row = summary_row(cfg, report)
     except (TypeError, KeyError, ValueError, AttributeError, IndexError):
         return None
-    if not isinstance(row.get("run_status"), str) or not isinstance(row.get("all_passed"), bool):
+    if not isinstance(row.get("run_status"), str) or not isinstance(row.get("all_passed"), (bool, type(None))):
         return None
     return row
 

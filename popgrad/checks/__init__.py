@@ -3,8 +3,9 @@
 * :mod:`.results` -- :class:`CheckResult` (status pass / fail / inconclusive / not_applicable), power-law fits;
 * :mod:`.hypotheses` -- the Knowl 10 assumptions measured on a task, and which each check needs;
 * :mod:`.stage2` -- Stage 2 to convergence by an exact 1-D minimization, and Knowl 1.2 over T;
-* :mod:`.theorems` -- the checks (graph recovery, gradient alignment, loss convergence, OOD, roots,
-  head specialization), one function per check for every task kind, thresholds documented there;
+* :mod:`.recovery`, :mod:`.alignment`, :mod:`.loss`, :mod:`.ood` -- the checks of the reduced models by
+  family (graph recovery, head specialization, roots; gradient alignment; loss convergence; OOD), one
+  function per check for every task kind, thresholds documented there (:mod:`.theorems` re-exports them);
 * :mod:`.scale` -- checks at any ``T`` from the Stage-1 field (alignment rate, DPI in the field, roots);
 * :mod:`.sampled` -- checks beyond enumeration from a fixed sample (``kind="sampled"``, with standard errors);
 * :mod:`.sample_complexity` -- finite samples from the exact gradient noise: Stage-1 ``N_min`` (Gaussian
@@ -15,8 +16,8 @@
 """
 from . import catformer
 from .hypotheses import GAMMA_MIN, NEEDS, Hypotheses, Hypothesis, measure_hypotheses, within_hypotheses
-from .results import (RATE_EXPONENT, STATUSES, CheckResult, SweepFit, all_passed, fit_power_law, inconclusive,
-                      not_applicable, rate_status)
+from .results import (ATTENTION_LIFT, RATE_EXPONENT, STATUSES, CheckResult, SweepFit, all_passed, attention_lift,
+                      fit_power_law, inconclusive, not_applicable, rate_status)
 from .stage2 import Stage2Optimum, converge_stage2, converged_loss_sweep
 from .sampled import check_loss_convergence_sampled, check_ood_sampled
 from .sample_complexity import check_sample_complexity, sample_complexity_sweep, sgd_spread
@@ -57,8 +58,8 @@ __all__ = [
     "check_alignment_rate", "alignment_rate_sweep", "check_field_dpi", "check_roots_at_scale", "default_alignment_T",
     "check_loss_convergence_sampled", "check_ood_sampled",
     "check_sample_complexity", "sample_complexity_sweep", "sgd_spread",
-    "reference_losses_multi", "check_loss_convergence_multi", "check_roots_multi",
-    "STATUSES", "RATE_EXPONENT", "all_passed", "inconclusive", "rate_status", "ood_verdict",
+    "STATUSES", "RATE_EXPONENT", "ATTENTION_LIFT", "attention_lift",
+    "all_passed", "inconclusive", "rate_status", "ood_verdict",
     "GAMMA_MIN", "NEEDS", "Hypothesis", "Hypotheses", "measure_hypotheses", "within_hypotheses",
     "Stage2Optimum", "converge_stage2", "converged_loss_sweep", "default_roots_T", "root_drive_ratio",
     "check_catformer_graph_recovery", "check_catformer_head_specialization", "check_induction_head",

@@ -47,12 +47,14 @@ NEEDS = {
     "ood_generalization": ("gamma", "nondegenerate", "symmetric", "uniform_mean", "root_fraction"),  # Knowl 4
     "roots_uniform": ("symmetric", "uniform_mean"),  # Knowl 3.3
     "roots_at_scale": ("symmetric", "uniform_mean"),
+    "sample_complexity": ("gamma", "nondegenerate"),  # the Stage-1 signal of Knowl 3 at finite N
 }
 
 #: The statement each check tests (named in its inconclusive reasons).
 STATEMENT_OF = {"graph_recovery": "Knowl 1.1", "head_specialization": "Knowl 9", "gradient_alignment": "Knowl 3",
                 "alignment_rate": "Knowl 3", "field_dpi": "the DPI (Knowl 2)", "loss_convergence": "Knowl 1.2",
-                "ood_generalization": "Knowl 4", "roots_uniform": "Knowl 3.3", "roots_at_scale": "Knowl 3.3"}
+                "ood_generalization": "Knowl 4", "roots_uniform": "Knowl 3.3", "roots_at_scale": "Knowl 3.3",
+                "sample_complexity": "the finite-sample Stage 1 (Knowl 3 at N samples)"}
 
 _KNOWL = {"gamma": "Knowl 10.1", "nondegenerate": "Knowl 10.2", "symmetric": "Knowl 10.3",
           "uniform_mean": "Knowl 10.3", "root_fraction": "Knowl 10.4"}

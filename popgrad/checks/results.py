@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["CheckResult", "RATE_EXPONENT", "STATUSES", "rate_status", "SweepFit", "all_passed", "fit_power_law", "inconclusive", "not_applicable"]
+__all__ = ["ATTENTION_LIFT", "attention_lift", "CheckResult", "RATE_EXPONENT", "STATUSES", "rate_status", "SweepFit", "all_passed", "fit_power_law", "inconclusive", "not_applicable"]
 
 
 #: The four verdicts of a check (DESIGN §15).
@@ -106,9 +106,26 @@ class CheckResult(_CheckFields):
         }
 
 
-def all_passed(checks) -> bool:
-    """Whether every decided check passed (pass and fail count; inconclusive and not applicable do not)."""
-    return bool(all(c.status == "pass" for c in checks if c.status in ("pass", "fail")))
+def all_passed(checks):
+    """Whether every decided check passed (pass and fail count; inconclusive and not applicable do not);
+    ``None`` (JSON null) when no check was decided: nothing passed."""
+    decided = [c for c in checks if c.status in ("pass", "fail")]
+    if not decided:
+        return None
+    return bool(all(c.status == "pass" for c in decided))
+
+
+#: The attention statements' margin over uniform attention (graph recovery of the full model, head
+#: specialization, induction head, roots): the attention on the target at least halfway from uniform to the
+#: construction of Knowl 8 (weight -> 1 on it), i.e. a lift ``(a - u) / (1 - u) >= 1/2``.
+ATTENTION_LIFT = 0.5
+
+
+def attention_lift(a, u, top=1.0):
+    """``(a − u) / (top − u)``: how far attention ``a`` went from its uniform value ``u`` to the construction's
+    ``top`` (0 at uniform attention, 1 at the construction; elementwise)."""
+    a, u = np.asarray(a, dtype=np.float64), np.asarray(u, dtype=np.float64)
+    return (a - u) / (top - u)
 
 
 #: The rate checks pass when the local exponent over the top of the sweep is at most this (theory -1/2).

@@ -51,7 +51,9 @@ from ..engine.api import exact_loss_and_grad
 from ..engine.noise import flatten_grad, gradient_noise, stage1_row_noise
 from ..engine.single import rows_loss_and_grad
 from ..task.tasks import Task
-from .results import CheckResult
+from ..theory.information import has_idealized_gradient
+from .hypotheses import measure_hypotheses, within_hypotheses
+from .results import CheckResult, inconclusive
 
 __all__ = ["RankingModel", "ranking_model", "simulate_ranking", "joint_gaussian_probability", "wilson_interval", "check_sample_complexity",
            "sample_complexity_sweep", "fit_t_log_t", "SgdSpread", "sgd_spread", "SAMPLE_COMPLEXITY_STATEMENT"]
@@ -383,6 +385,21 @@ def check_sample_complexity(task: Task, beta0: float = 1e-3, level: float = 0.99
     level = as_real(level, "level", minimum=0, strict=True)
     if not level < 1:
         raise ValueError(f"level must be < 1, got {level}")
+    replicates = as_int(replicates, "replicates", minimum=1)
+    if not isinstance(task, Task):
+        raise TypeError(f"task must be a single-parent popgrad.Task, got {type(task).__name__}")
+    if task.graph.non_roots.size == 0:
+        from .results import not_applicable
+        return not_applicable("sample_complexity", SAMPLE_COMPLEXITY_STATEMENT, "the graph has no non-root position")
+    hyp = measure_hypotheses(task)
+    nan = float("nan")
+    if not has_idealized_gradient(task):
+        g = hyp.items["gamma"]
+        stub = CheckResult("sample_complexity", nan, level, False, ">=", SAMPLE_COMPLEXITY_STATEMENT,
+                           {"level": level, "T": task.T, "S": task.S, "hypotheses": hyp.to_dict()}, kind="sampled")
+        return inconclusive(stub, f"the prior is reducible (a draw has a zero stationary probability): "
+                                  f"{g.describe()}; the Stage-1 signal divides by the stationary probabilities "
+                                  f"and Knowl 10.1 (every transition possible) fails")
     model = ranking_model(task, beta0, eps=eps, seed=seed)
     t_eff = float(task.t_eff)
     details = {"beta0": float(beta0), "level": level, "t_eff": t_eff, "T": task.T, "S": task.S,
@@ -396,8 +413,9 @@ def check_sample_complexity(task: Task, beta0: float = 1e-3, level: float = 0.99
     details["row_z_min"] = {int(i): float(z.min()) for i, z in zip(model.rows, model.z)}
     if n_min < 0:
         details["reason"] = "a competitor beats the parent on average in some row: no N reaches the level"
-        return CheckResult("sample_complexity", float("nan"), level, False, ">=", SAMPLE_COMPLEXITY_STATEMENT,
-                           details, kind="sampled")
+        res = CheckResult("sample_complexity", float("nan"), level, False, ">=", SAMPLE_COMPLEXITY_STATEMENT,
+                          details, kind="sampled")
+        return within_hypotheses(res, hyp)
     details["N_min_over_TlogT"] = n_min / (t_eff * math.log(t_eff)) if t_eff > 1 else float("nan")
     details["N_min_optimistic"] = int(model.n_min(level, optimistic=True))
     details["gaussian_at_N_min"] = model.probability(n_min)
@@ -414,9 +432,21 @@ def check_sample_complexity(task: Task, beta0: float = 1e-3, level: float = 0.99
             sims.append(sim)
         details["simulation"] = sims
         value = float(sims[-1]["ci95"][1])
+    floor = 1 - 2 * (1 - level)
+    rule = (f"passes when the upper end of the simulation's 95% interval at N_min is >= level and its lower end "
+            f">= 1 - 2(1 - level) = {floor:.4g} (the simulation rules out twice the allowed failure rate); fails "
+            "when the upper end is below the level; else inconclusive")
+    details["rule"] = rule
     passed = bool(value >= level)
-    return CheckResult("sample_complexity", value, level, passed, ">=", SAMPLE_COMPLEXITY_STATEMENT, details,
-                       kind="sampled")
+    res = CheckResult("sample_complexity", value, level, passed, ">=", SAMPLE_COMPLEXITY_STATEMENT, details,
+                      kind="sampled")
+    if not simulate:
+        return inconclusive(res, "the simulation was not run (simulate=False): the verdict needs it")
+    lo, hi = sims[-1]["ci95"]
+    if passed and not lo >= floor:
+        return inconclusive(res, f"{replicates} replicate(s) cannot resolve the level: the 95% interval at N_min is "
+                                 f"[{lo:.3g}, {hi:.3g}] (its lower end needs >= {floor:.4g}); use more replicates")
+    return within_hypotheses(res, hyp)
 
 
 def sample_complexity_sweep(graph_for_T, prior, T_values, beta0: float = 1e-3, level: float = 0.99,

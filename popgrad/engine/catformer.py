@@ -35,9 +35,9 @@ from typing import NamedTuple
 import numpy as np
 
 from .._validation import ArgumentTypeError, as_eps, as_seqs, warn_inf
-from ..model.catformer import CatFormer, catformer_backward
+from ..model.catformer import CatFormer, catformer_backward, check_task_model
 from ..task.tasks import MultiParentTask
-from ._args import check_task, options_or_default
+from ._args import options_or_default
 from ._kernels import catformer as _kc
 from ._kernels.twins import use_parallel
 from . import table as _table
@@ -65,13 +65,7 @@ class CatFormerLossAndGrad(NamedTuple):
 
 
 def _validate(task, model, params, eps):
-    check_task(task)
-    if not isinstance(model, CatFormer):
-        raise ArgumentTypeError(f"model must be a popgrad.CatFormer, got {type(model).__name__}")
-    if (model.S, model.T) != (task.S, task.T):
-        raise ValueError(f"model has S = {model.S}, T = {model.T} but the task has S = {task.S}, T = {task.T}: "
-                         f"use CatFormer({task.S}, {task.T}, ...)")
-    params = model.check_params(params)
+    params = check_task_model(task, model, params)
     if eps is None:
         eps = 0.0 if model.readout == "softmax" else as_eps(task, None)
     else:

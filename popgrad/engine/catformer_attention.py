@@ -28,11 +28,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._validation import ArgumentTypeError, as_int
-from ..model.catformer import CatFormer
+from .._validation import as_int
+from ..model.catformer import check_task_model
 from ..model.reduced import softmax
 from ..task.tasks import MultiParentTask
-from ._args import check_task
 
 __all__ = ["CatFormerAttention", "catformer_attention", "score_blocks", "parent_slots"]
 
@@ -96,12 +95,7 @@ def catformer_attention(task, model, params, chunk=2**14) -> CatFormerAttention:
     -------
     CatFormerAttention
     """
-    check_task(task)
-    if not isinstance(model, CatFormer):
-        raise ArgumentTypeError(f"model must be a popgrad.CatFormer, got {type(model).__name__}")
-    if (model.S, model.T) != (task.S, task.T):
-        raise ValueError(f"model has S = {model.S}, T = {model.T} but the task has S = {task.S}, T = {task.T}")
-    params = model.check_params(params)
+    params = check_task_model(task, model, params)
     chunk = as_int(chunk, "chunk", minimum=1)
     task.check_size()
     S, T = model.S, model.T

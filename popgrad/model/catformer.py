@@ -37,7 +37,7 @@ from .reduced import softmax
 
 __all__ = [
     "READOUTS", "CatFormer", "CatFormerParams", "StandardTransformer", "to_disentangled", "to_standard",
-    "catformer_from_reduced", "catformer_forward", "catformer_backward",
+    "catformer_from_reduced", "catformer_forward", "catformer_backward", "check_task_model",
 ]
 
 #: The readouts of :class:`CatFormer`: ``"softmax"`` (official code) and ``"linear"`` (theory, loss with ε).
@@ -208,6 +208,31 @@ class CatFormer:
         params = self.check_params(params)
         seqs = as_seqs(seqs, self._T, self._S)
         return catformer_forward(self, params, seqs)[0]
+
+
+def check_task_model(task, model, params):
+    """The one validation of a ``(task, model, params)`` triple (engine, training, checks).
+
+    ``task`` must be a :class:`popgrad.Task` or :class:`popgrad.MultiParentTask`, ``model`` a
+    :class:`CatFormer` of the task's ``S`` and ``T``; returns ``model.check_params(params)``
+    (``None`` when ``params`` is ``None``).
+
+    Raises
+    ------
+    TypeError
+        A task or model of the wrong type (:class:`popgrad._validation.ArgumentTypeError`).
+    ValueError
+        ``S`` or ``T`` of the model and the task differ, or a bad ``params`` (the message names it).
+    """
+    from ..task.tasks import check_task
+
+    check_task(task)
+    if not isinstance(model, CatFormer):
+        raise ArgumentTypeError(f"model must be a popgrad.CatFormer, got {type(model).__name__}")
+    if (model.S, model.T) != (task.S, task.T):
+        raise ValueError(f"model has S = {model.S}, T = {model.T} but the task has S = {task.S}, T = {task.T}: "
+                         f"use CatFormer({task.S}, {task.T}, ...)")
+    return None if params is None else model.check_params(params)
 
 
 def _finite(a, shape, name) -> np.ndarray:

@@ -48,7 +48,7 @@ from .._io import atomic_savez
 from .._validation import ArgumentTypeError, as_int, as_real
 from ..engine.catformer import catformer_loss_and_grad, catformer_rows_loss_and_grad
 from ..engine.sampled import estimate
-from ..model.catformer import CatFormer, CatFormerParams
+from ..model.catformer import CatFormer, CatFormerParams, check_task_model
 from ..task.tasks import MultiParentTask, Task
 from .loop import StepValues, run_schedule, start_state
 from .optim import (LR_SCHEDULES, OPTIMIZERS, GradientTransformationLike, Optimizer, apply_updates, flatten_state,
@@ -605,13 +605,7 @@ def train_catformer(task, model: CatFormer, steps: int, config: CatFormerTrainCo
         ``final``, ``step``, ``loss`` (``loss_se``), ``grad_norm``, ``lr``, recorded ``A`` and ``W``,
         ``status``, ``monotonicity``.
     """
-    if not isinstance(task, (Task, MultiParentTask)):
-        raise ArgumentTypeError(f"task must be a popgrad.Task or popgrad.MultiParentTask, got {type(task).__name__}")
-    if not isinstance(model, CatFormer):
-        raise ArgumentTypeError(f"model must be a popgrad.CatFormer, got {type(model).__name__}")
-    if (model.S, model.T) != (task.S, task.T):
-        raise ValueError(f"model has S = {model.S}, T = {model.T} but the task has S = {task.S}, T = {task.T}: "
-                         f"use CatFormer({task.S}, {task.T}, ...)")
+    check_task_model(task, model, None)
     unknown = set(overrides) - {f.name for f in fields(CatFormerTrainConfig)}
     if unknown:
         raise TypeError(f"train_catformer got unexpected keyword argument(s) {', '.join(sorted(unknown))}")

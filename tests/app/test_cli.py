@@ -97,22 +97,24 @@ def test_summary_command(capsys):
 
 
 def test_default_task_checks_pass(tmp_path):
-    """The built-in default (chain, S=3, T=10, exact) is inside every measured Knowl 10 assumption, and no
-    check fails; each check is decided or says why not (issue 17)."""
+    """The built-in default (chain, S=3, T=10, exact) is inside every measured Knowl 10 assumption; each check
+    is decided or says why not (issue 17); Knowl 4 fails at T = 10 (issue 27)."""
     cfg = dict(jobs.DEFAULTS, out=str(tmp_path / "default"))
     report = jobs.run(cfg, progress=False, log=lambda *a: None)
     assert report["task"]["hypotheses_all_met"] is True
     assert all(h["met"] for h in report["task"]["hypotheses"].values())
+    # Knowl 4 at T = 10: the trained model's 0.99-quantile out of distribution (0.59) is no better than the
+    # context-free predictor's (0.19), and neither is the construction's (0.85): a fail (issue 27)
     failed = [c["name"] for c in report["checks"] if c["status"] == "fail"]
-    assert not failed, failed
+    assert failed == ["ood_generalization"], failed
     status = {c["name"]: c["status"] for c in report["checks"]}
-    assert status["graph_recovery"] == status["loss_convergence"] == status["ood_generalization"] == "pass"
+    assert status["graph_recovery"] == status["loss_convergence"] == "pass"
     assert status["roots_uniform"] == "not_applicable"  # a chain: no in-context root with two positions
     assert status["gradient_alignment"] in ("pass", "inconclusive")
     for c in report["checks"]:
         assert (c["passed"] is None) == (c["status"] in ("inconclusive", "not_applicable"))
         assert bool(c["reason"]) == (c["status"] in ("inconclusive", "not_applicable"))
-    assert report["all_passed"] is True
+    assert report["all_passed"] is False
     assert report["trajectory"]["status"] == "completed"
     assert report["loss_sweep"]["fitted_exponent"] < 0
 

@@ -50,7 +50,8 @@ def test_outside_the_hypotheses_is_inconclusive(tmp_path, capsys):
     for name in ("roots_uniform", "loss_convergence", "ood_generalization", "graph_recovery"):
         c = checks[name]
         assert c["status"] == "inconclusive", name
-        assert c["passed"] is None and c["value"] is not None
+        # the value stands -- except OOD's when its references do not separate (then it has no value, and says so)
+        assert c["passed"] is None and (c["value"] is not None or "no better than the context-free" in c["reason"])
     assert "uniform mean fails (error" in checks["roots_uniform"]["reason"]
     assert "Knowl 3.3 assumes" in checks["roots_uniform"]["reason"]
     assert "gamma fails (measured" in checks["graph_recovery"]["reason"]
@@ -64,7 +65,7 @@ def test_roots_pass_on_icl_with_the_sweep(tmp_path, capsys):
     sweep = roots["details"]["sweep"]
     assert sweep["T"] == [10, 20, 40, 80] and sweep["root_drive_ratio"][-1] < sweep["root_drive_ratio"][0]
     ood = checks["ood_generalization"]
-    assert ood["threshold"] == 2.0 and len(ood["details"]["sweep_T"]) >= 2
+    assert ood["threshold"] in (0.5, 0.0) and len(ood["details"]["sweep_T"]) >= 2  # OOD_FRACTION, or 0 (no separation)
 
 
 def test_fail_is_a_fail(tmp_path, capsys):

@@ -56,9 +56,10 @@ def test_graph_recovery_and_induction_head_on_the_construction(task):
     T, S = 5, 2
     model, params = pg.catformer_from_reduced(_parent_A1(task.graph.parents, T), 3.0 * np.eye(S), S, T)
     rec = cc.check_catformer_graph_recovery(task, model, params)
-    assert rec.passed and rec.value == 1.0 and rec.details["mean_attention_to_parent"] > 0.9
+    assert rec.passed and rec.details["fraction_of_rows_with_argmax_parent"] == 1.0
+    assert rec.details["mean_attention_to_parent"] > 0.9 and rec.value >= cc.ATTENTION_LIFT
     ind = cc.check_induction_head(task, model, params)
-    assert ind.passed and ind.value == pytest.approx(1.0)  # margin 3 over max|Ã^(2)| = 3
+    assert ind.passed and ind.value >= cc.ATTENTION_LIFT
     d = ind.details
     assert d["query_attention_on_matching_parent_tokens"] > d["same_under_uniform_attention"]
     # anti-induction (query prefers the other token) and no second layer signal both fail
