@@ -49,7 +49,6 @@ from .._validation import ArgumentTypeError, as_int, as_real
 from ..engine.catformer import catformer_loss_and_grad, catformer_rows_loss_and_grad
 from ..engine.sampled import estimate
 from ..model.catformer import CatFormer, CatFormerParams, check_task_model
-from ..task.tasks import MultiParentTask, Task
 from .loop import StepValues, run_schedule, start_state
 from .optim import (LR_SCHEDULES, OPTIMIZERS, GradientTransformationLike, Optimizer, apply_updates, flatten_state,
                     unflatten_state)
