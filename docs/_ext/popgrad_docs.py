@@ -112,10 +112,17 @@ def api_rst(pkg=None) -> str:
 
 
 def write_api_page(path: Path = API_PAGE) -> None:
-    """Write ``api.rst`` (only when its text changed, so that Sphinx does not rebuild it needlessly)."""
+    """Write ``api.rst`` (only when its text changed, so that Sphinx does not rebuild it needlessly), and
+    remove the autosummary pages of names no longer public (an orphan page would fail the build)."""
     text = api_rst()
     if not path.exists() or path.read_text(encoding="utf-8") != text:
         path.write_text(text, encoding="utf-8")
+    stubs = path.parent / "generated"
+    if stubs.is_dir():
+        keep = set(expected_api_names())
+        for stub in stubs.glob("*.rst"):
+            if stub.stem not in keep:
+                stub.unlink()
 
 
 def expected_api_names(pkg=None) -> list[str]:
