@@ -161,3 +161,25 @@ def test_png_scraper_collects_each_new_figure_once(tmp_path, monkeypatch):
     assert popgrad_docs.png_scraper(None, block_vars, conf) == ""  # nothing new in the next block
     (out / "c.png").write_bytes(b"c")
     assert "sphx_glr_demo_003.png" in popgrad_docs.png_scraper(None, block_vars, conf)
+
+
+def test_an_example_ending_with_sys_exit_does_not_end_the_build():
+    """``sys.exit(main())`` in an example: status 0 is a normal end, another status the example's failure
+    (sphinx-gallery reports it), never a silent exit of the whole build."""
+    pytest.importorskip("sphinx_gallery")
+    import types
+
+    from sphinx_gallery import gen_rst
+
+    popgrad_docs.catch_system_exit()
+    popgrad_docs.catch_system_exit()  # idempotent
+    main = types.ModuleType("__main__")
+    ran = []
+    main.__dict__["ran"] = ran
+    gen_rst._exec_once(compile("ran.append(1); raise SystemExit(0)", "ex.py", "exec"), main)()
+    gen_rst._exec_once(compile("import sys; sys.exit()", "ex.py", "exec"), main)()
+    assert ran == [1]
+    with pytest.raises(RuntimeError, match="exited with status 3"):
+        gen_rst._exec_once(compile("raise SystemExit(3)", "ex.py", "exec"), main)()
+    with pytest.raises(ValueError):  # other errors pass through unchanged
+        gen_rst._exec_once(compile("raise ValueError('x')", "ex.py", "exec"), main)()

@@ -6,7 +6,10 @@
   warning (an error under ``-W``).
 * The gallery runs every example with ``--quick --out <folder>`` (:func:`reset_argv`) and collects the PNG
   files the example wrote into that folder (:func:`png_scraper`): the examples save their figures to files
-  and close them, so matplotlib's own scraper would see none.
+  and close them, so matplotlib's own scraper would see none. An example that ends with
+  ``sys.exit(main())`` would end the whole Sphinx process with status 0 (sphinx-gallery catches
+  ``Exception`` only): :func:`catch_system_exit` makes status 0 the example's normal end and any other
+  status the example's failure.
 """
 from __future__ import annotations
 
@@ -185,9 +188,41 @@ def png_scraper(block, block_vars, gallery_conf) -> str:
     return figure_rst(images, gallery_conf["src_dir"])
 
 
+def example_exit(code) -> None:
+    """What a ``SystemExit(code)`` raised by an example means: nothing for 0 / ``None`` (the script's normal
+    end), a failure of the example (:class:`RuntimeError`, which sphinx-gallery reports) otherwise."""
+    if code not in (None, 0):
+        raise RuntimeError(f"the example exited with status {code!r}")
+
+
+def catch_system_exit() -> None:
+    """Wrap sphinx-gallery's one place that executes example code so that ``SystemExit`` goes through
+    :func:`example_exit` instead of ending the build (idempotent)."""
+    from sphinx.errors import ExtensionError
+    from sphinx_gallery import gen_rst
+
+    runner = getattr(gen_rst, "_exec_once", None)
+    if runner is None or not callable(getattr(runner, "__call__", None)):
+        raise ExtensionError("popgrad_docs: sphinx_gallery.gen_rst._exec_once not found; update "
+                             "catch_system_exit for this sphinx-gallery version")
+    if getattr(runner.__call__, "_popgrad_catches_exit", False):
+        return
+    original = runner.__call__
+
+    def call(self):
+        try:
+            return original(self)
+        except SystemExit as exc:
+            example_exit(exc.code)
+
+    call._popgrad_catches_exit = True
+    runner.__call__ = call
+
+
 def setup(app):
     """Write the API page as the configuration loads (before Sphinx lists the sources and autosummary
     reads them) and check it at the end of the build."""
     write_api_page()
+    catch_system_exit()
     app.connect("build-finished", check_api_complete)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
