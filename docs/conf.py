@@ -40,7 +40,7 @@ autodoc_default_options = {"members": False}
 autodoc_typehints = "none"  # the numpydoc Parameters sections carry the types
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
-numpydoc_attributes_as_param_list = False
+numpydoc_attributes_as_param_list = True  # the docstring's own words for each attribute
 numpydoc_xref_param_type = False
 
 # ---- Markdown pages (README excerpts, DESIGN.md, the findings) ----------------------------------------

@@ -219,10 +219,19 @@ def catch_system_exit() -> None:
     runner.__call__ = call
 
 
+def skip_namedtuple_fields(app, what, name, obj, skip, options):
+    """``autodoc-skip-member``: a NamedTuple's field accessors ("Alias for field number k") repeat the
+    class docstring's Attributes section; leave them out."""
+    if (getattr(obj, "__doc__", None) or "").startswith("Alias for field number"):
+        return True
+    return None
+
+
 def setup(app):
     """Write the API page as the configuration loads (before Sphinx lists the sources and autosummary
     reads them) and check it at the end of the build."""
     write_api_page()
     catch_system_exit()
+    app.connect("autodoc-skip-member", skip_namedtuple_fields)
     app.connect("build-finished", check_api_complete)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
