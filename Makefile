@@ -1,12 +1,16 @@
 # The two commands of the README:
 #   make demo   -- create .venv if needed, install, run the main job on its default
 #   make test   -- same set-up, run the test suite
+# and the documentation:
+#   make docs   -- same set-up plus the `docs` extra, build docs/_build/html (warnings are errors)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.popgrad-installed
+DOCS_STAMP := $(VENV)/.popgrad-docs-installed
+SPHINXOPTS ?=
 
-.PHONY: demo test bench bench-deps mutants install clean
+.PHONY: demo test docs docs-clean bench bench-deps mutants install clean
 
 $(STAMP): setup.cfg setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +25,19 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+$(DOCS_STAMP): $(STAMP) setup.cfg setup.py
+	$(PY) -m pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+# The Sphinx site (README.md, "Documentation"): the gallery runs every example with --quick.
+# Incremental: sphinx-gallery reruns only the examples that changed; `make docs-clean` starts over.
+docs: $(DOCS_STAMP)
+	MPLBACKEND=Agg $(PY) -m sphinx -b html -W --keep-going $(SPHINXOPTS) docs docs/_build/html
+	@echo "open docs/_build/html/index.html"
+
+docs-clean:
+	rm -rf docs/_build docs/generated docs/auto_examples docs/api.rst docs/sg_execution_times.rst
+
 # The benchmark (benchmarks/README.md): popgrad vs NumPy and JAX peers, exact vs sampled, JIT, roofline.
 # JAX is optional (`make bench-deps` installs the `bench` extra); without it the JAX peer is skipped.
 bench: $(STAMP)
@@ -34,5 +51,5 @@ bench-deps: $(STAMP)
 mutants: $(STAMP)
 	$(PY) mutation/mutants.py --all --out mutation/last_run.md
 
-clean:
+clean: docs-clean
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

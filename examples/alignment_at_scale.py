@@ -1,4 +1,7 @@
-"""Knowl 3's rate at large T, exactly (to first order in β0): the Stage-1 field against the idealized gradient.
+"""Knowl 3's rate at large T
+=========================
+
+Knowl 3's rate at large T, exactly (to first order in β0): the Stage-1 field against the idealized gradient.
 
 For a sweep of T (T_eff from 10 to 1000 for S = 2, to 200 for S = 3), the
 relative distance ‖J(S·M − g)‖ / ‖J g‖ between the exact first-order

@@ -1,4 +1,7 @@
-"""Figure 2 of the paper, exactly: the full model (heads (1, 1)) trained by the official recipe on every sequence.
+"""Full model: Figure 2, exactly
+=============================
+
+Figure 2 of the paper, exactly: the full model (heads (1, 1)) trained by the official recipe on every sequence.
 
 The official ``single_parent.py`` trains the disentangled transformer from
 zero with SGD, lr 1, cosine decay, wd 0, on sampled batches (S = 10,

@@ -1,4 +1,7 @@
-"""Figure 9 of the paper, exactly: attention to the parent per position over 20 random graphs, full model.
+"""Full model: Figure 9, exactly
+=============================
+
+Figure 9 of the paper, exactly: attention to the parent per position over 20 random graphs, full model.
 
 The official ``many_graphs.ipynb`` trains the disentangled transformer
 (heads (1, 1), zero start) with ``optax.sgd(1.0)`` (constant lr, no decay) on

@@ -1,4 +1,7 @@
-"""How two heads break their symmetry on the two-parent graph, measured on exact trajectories.
+"""Full model: how two heads break their symmetry
+==============================================
+
+How two heads break their symmetry on the two-parent graph, measured on exact trajectories.
 
 With exact gradients a run is a deterministic function of its start, so
 the heads' split can be followed from the 1e-4 start upward. Three arms on

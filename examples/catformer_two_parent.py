@@ -1,4 +1,7 @@
-"""Figures 5 and 7 of the paper, exactly: the two-parent graph, full model with heads (2, 1), official AdamW recipe.
+"""Full model: the two-parent graph (Figures 5 and 7)
+==================================================
+
+Figures 5 and 7 of the paper, exactly: the two-parent graph, full model with heads (2, 1), official AdamW recipe.
 
 The official ``multi_parent.ipynb`` (S = 5, T = 32, sampled batches) starts
 from ``Ã ~ 1e-4·N(0, 1)``, ``W = 0`` and trains with

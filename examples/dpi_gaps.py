@@ -1,4 +1,7 @@
-"""How far the parent entry of the idealized gradient stands out (DESIGN §6).
+"""DPI gaps of the idealized gradient
+==================================
+
+How far the parent entry of the idealized gradient stands out (DESIGN §6).
 
 Draws ``--n-pi`` transition matrices from a row-wise Dirichlet(α) prior and
 ``--n-trees`` random trees; for every non-root row ``i`` of ``g(π)`` with at

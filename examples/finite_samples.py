@@ -1,4 +1,7 @@
-"""Finite samples, exactly: the gradient's noise, SGD against population descent, and Stage 1's N_min.
+"""Finite samples, exactly
+=======================
+
+Finite samples, exactly: the gradient's noise, SGD against population descent, and Stage 1's N_min.
 
 Everything is computed from the exact moments of the per-sample gradient
 (``popgrad.gradient_noise``: mean and covariance over all S**T sequences of a

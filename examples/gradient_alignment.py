@@ -1,4 +1,7 @@
-"""Exact vs idealized Stage-1 gradient at initialization (DESIGN §5).
+"""Exact vs idealized Stage-1 gradient
+===================================
+
+Exact vs idealized Stage-1 gradient at initialization (DESIGN §5).
 
 At ``A1 = 0``, ``A2 = β0·I`` (``β0 = 1e-6``), compares the exact population
 ``dA1`` (:func:`popgrad.exact.exact_loss_and_grad`, enumeration, default

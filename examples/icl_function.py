@@ -1,4 +1,7 @@
-"""In-context function learning, exactly: pairs (x, y = f(x)) in context (paper §2.3).
+"""In-context function learning
+============================
+
+In-context function learning, exactly: pairs (x, y = f(x)) in context (paper §2.3).
 
 The graph is 0->1, 2->3, ...: each odd position copies the preceding even
 position through π. Stage 1 should learn exactly these pair edges.

@@ -1,4 +1,7 @@
-"""Induction head, exactly: a Markov chain in context (paper §2.3, Figure 2).
+"""Induction head
+==============
+
+Induction head, exactly: a Markov chain in context (paper §2.3, Figure 2).
 
 Positions 0..T-2 form one Markov chain; the query T-1 asks for π(· | s_{T-1}).
 Stage 1 should make every position attend to its predecessor (the previous-

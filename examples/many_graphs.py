@@ -1,4 +1,7 @@
-"""Attention to the parent per position over many random graphs (paper Figure 9 analogue).
+"""Attention to the parent over many random graphs
+===============================================
+
+Attention to the parent per position over many random graphs (paper Figure 9 analogue).
 
 For each of N random trees, run Stage 1 exactly and record
 softmax(A1)[i, p(i)] for every non-root position i; plot the mean and the

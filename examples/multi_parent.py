@@ -1,4 +1,7 @@
-"""The paper's two-parent experiment, exactly, at small scale (paper §6, "Knowl 9").
+"""Two parents, two heads (reduced model)
+======================================
+
+The paper's two-parent experiment, exactly, at small scale (paper §6, "Knowl 9").
 
 The released ``multi_parent.ipynb`` samples sequences on the graph
 ``p(i) = ((i-1)//2, i-1)`` (``popgrad.two_parent``) and trains a transformer

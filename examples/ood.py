@@ -1,8 +1,11 @@
-"""Out-of-distribution generalization, exactly (paper "Knowl 4").
+"""Out-of-distribution generalization
+==================================
+
+Out-of-distribution generalization, exactly (paper "Knowl 4").
 
 Train on the chain task, then take a transition matrix π̃ outside the prior's
 support (min π̃ ≥ γ/S) and compute the exact distribution over sequences of
-sup_c |f(s)_c - π̃(c | s_{T-1})|, against the same for in-distribution π.
+``sup_c |f(s)_c - π̃(c | s_{T-1})|``, against the same for in-distribution π.
 """
 import os
 

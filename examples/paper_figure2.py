@@ -1,4 +1,7 @@
-"""The paper's Figure 2 setting at its own scale: S = 10, T = 20, Dirichlet(α = 0.1), chain / ICL / random graph.
+"""Figure 2 at the paper's scale
+=============================
+
+The paper's Figure 2 setting at its own scale: S = 10, T = 20, Dirichlet(α = 0.1), chain / ICL / random graph.
 
 S**T = 10^20 sequences cannot be enumerated, so this runs Algorithm 1 as
 popgrad does beyond enumeration, and says which numbers are which:

@@ -1,4 +1,7 @@
-"""The paper's Figure 9 setting: S = 3, T = 20, 20 random graphs (seeded): attention to the parent per position.
+"""Figure 9 at the paper's scale
+=============================
+
+The paper's Figure 9 setting: S = 3, T = 20, 20 random graphs (seeded): attention to the parent per position.
 
 S**T = 3^20 ≈ 3.5·10^9 sequences: Stage 1 runs on the Stage-1 field
 (DESIGN §12), the exact first-order (in β0) population gradient, so every

@@ -1,4 +1,7 @@
-"""Random causal trees, exactly (paper §3.1): one heatmap per tree.
+"""Random causal trees
+===================
+
+Random causal trees, exactly (paper §3.1): one heatmap per tree.
 
 Each tree is drawn by ``popgrad.random_tree``; Stage 1 should recover every
 parent edge; the figure shows softmax(A1) beside the true adjacency.

@@ -290,6 +290,12 @@ def chain(T: int) -> CausalGraph:
     """Markov chain on positions ``0..T-2`` plus the query (induction head).
 
     ``parents = [-1, 0, 1, ..., T-3, -1]``.
+
+    Examples
+    --------
+    >>> import popgrad as pg
+    >>> pg.chain(5)
+    CausalGraph('-1,0,1,2,-1')
     """
     T = _check_T(T)
     parents = np.arange(-1, T - 1, dtype=np.int64)
@@ -303,6 +309,12 @@ def icl_pairs(T: int) -> CausalGraph:
     Position ``2m+1`` has parent ``2m`` whenever ``2m+1 <= T-2``; every
     other position is a root (a lone last context position when ``T`` is
     even, and the query).
+
+    Examples
+    --------
+    >>> import popgrad as pg
+    >>> pg.icl_pairs(6).parents.tolist()
+    [-1, 0, -1, 2, -1, -1]
     """
     T = _check_T(T)
     parents = np.full(T, -1, dtype=np.int64)

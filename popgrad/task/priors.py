@@ -67,6 +67,12 @@ def stationary_distribution(pi) -> np.ndarray:
     ValueError
         ``pi`` is not square, or not row-stochastic: an entry is negative or
         not finite, or a row does not sum to one (within ``1e-9``).
+
+    Examples
+    --------
+    >>> import popgrad as pg
+    >>> pg.stationary_distribution([[0.9, 0.1], [0.2, 0.8]]).round(6).tolist()
+    [0.666667, 0.333333]
     """
     pi = _as_stochastic(pi)
     if pi.ndim == 3:

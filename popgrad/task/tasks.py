@@ -211,6 +211,15 @@ class ExactTask:
         ------
         TaskTooLargeError
             If ``S**T`` exceeds :attr:`max_sequences`.
+
+        Examples
+        --------
+        >>> import popgrad as pg
+        >>> task = pg.Task(pg.chain(4), pg.dirichlet_prior(S=2, alpha=1.0, n_atoms=2, seed=0))
+        >>> [(seqs.shape, w.shape) for seqs, w in task.enumerate(chunk_size=10)]
+        [((10, 4), (10, 2)), ((6, 4), (6, 2))]
+        >>> round(float(sum(w.sum() for _, w in task.enumerate())), 12)
+        1.0
         """
         chunk_size = as_int(chunk_size, "chunk_size", minimum=1)
         self.check_size()
