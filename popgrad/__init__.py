@@ -87,6 +87,7 @@ from .model.catformer import CatFormer, CatFormerParams, StandardTransformer, ca
     to_disentangled, to_standard
 from .engine.catformer import CatFormerLossAndGrad, catformer_loss, catformer_loss_and_grad
 from .engine.catformer_attention import CatFormerAttention, catformer_attention
+from .engine.hvp import HessianSpectrum, catformer_hvp, hessian_spectrum, hvp
 from .train import MultiHeadTrainConfig, TrainConfig, Trajectory, train_multi_head, train_two_stage
 from .train import CatFormerTrajectory, train_catformer
 from . import checks
@@ -190,4 +191,8 @@ __all__ = [
     "catformer_attention",
     "train_catformer",
     "CatFormerTrajectory",
+    "catformer_hvp",
+    "hvp",
+    "hessian_spectrum",
+    "HessianSpectrum",
 ]

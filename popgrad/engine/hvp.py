@@ -195,14 +195,14 @@ def _map(client, fn, args, ranges):
     return client.gather(futs)
 
 
-def catformer_grad_complex(task, model, params, eps=0.0, client=None, chunk=CHUNK):
+def catformer_grad_complex(task, model, params, eps=0.0, client=None, chunk=None):
     """Population loss and gradient of the CatFormer at (possibly complex) ``params``: ``(loss, dA, dW)``.
 
     The reverse-mode formulas of :func:`popgrad.model.catformer.catformer_backward`, holomorphic
-    (real softmax shift), summed over every sequence in chunks of ``chunk``. No validation: callers
+    (real softmax shift), summed over every sequence in chunks of ``chunk`` (default :data:`CHUNK`). No validation: callers
     pass checked arguments.
     """
-    ranges = _ranges(task.n_sequences, chunk)
+    ranges = _ranges(task.n_sequences, CHUNK if chunk is None else int(chunk))
     parts = _map(client, _catformer_range, (task, model, list(params[0]), params[1], eps), ranges)
     return _sum_parts(parts)
 
@@ -271,13 +271,13 @@ def _reduced_range(task, A1, A2, eps, start, stop):
     return _reduced_single_chunk(seqs, w, P, A2, eps)
 
 
-def reduced_grad_complex(task, A1, A2, eps, client=None, chunk=CHUNK):
+def reduced_grad_complex(task, A1, A2, eps, client=None, chunk=None):
     """Loss and ``(dA1, dA2)`` of the reduced model (single or k heads) at (possibly complex) ``A1``, ``A2``.
 
     ``dA1 = P ⊙ (G − <P, G>)`` on and below the diagonal, applied once after the sum (DESIGN §4).
     No validation: callers pass checked arguments.
     """
-    ranges = _ranges(task.n_sequences, chunk)
+    ranges = _ranges(task.n_sequences, CHUNK if chunk is None else int(chunk))
     parts = _map(client, _reduced_range, (task, A1, A2, eps), ranges)
     loss, G, dA2 = 0, None, None
     for l_c, G_c, d_c in parts:
