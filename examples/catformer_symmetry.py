@@ -165,7 +165,7 @@ def stability_main(args, out):
         task = two_parent_task(S, T, alpha=args.alpha)
         for opt in opts:
             steps = args.stab_steps
-            res = stability_run(task, opt, steps, epsilon=args.epsilon, spectrum_every=max(1, steps // 16))
+            res = stability_run(task, opt, steps, epsilon=args.epsilon, spectrum_every=max(1, steps // 8))
             row, q = stability_rows(S, T, res, opt, steps)
             rows.append(row)
             print(row, flush=True)

@@ -91,6 +91,7 @@ from .engine.hvp import HessianSpectrum, catformer_hvp, hessian_spectrum, hvp
 from .train import MultiHeadTrainConfig, TrainConfig, Trajectory, train_multi_head, train_two_stage
 from .train import CatFormerTrajectory, train_catformer
 from . import checks
+from .checks.symmetry_breaking import follow_symmetric_start, head_ablation, positional_margins, symmetric_start
 from . import _compat
 
 #: Deprecated alias of :class:`LossAndGrad` (one result type serves every task kind).
@@ -195,4 +196,8 @@ __all__ = [
     "hvp",
     "hessian_spectrum",
     "HessianSpectrum",
+    "symmetric_start",
+    "follow_symmetric_start",
+    "positional_margins",
+    "head_ablation",
 ]

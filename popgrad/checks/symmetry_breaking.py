@@ -102,7 +102,7 @@ def symmetric_start(model, scale=1e-4, seed=0, epsilon=1e-6, direction="random",
 
 
 # ============================================================ stability readings
-def preconditioned_spectrum(task, model, params, D, k=2, layer=0, heads=(0, 1)):
+def preconditioned_spectrum(task, model, params, D, k=2, layer=0, heads=(0, 1), tol=0.0):
     """Smallest/largest eigenvalues of ``D^{-1/2} H_anti D^{-1/2}`` (Adam's linearised step matrix, flat ``D > 0``).
 
     Returns ``(values ascending, vectors in flat coordinates)``; ``D`` must be swap-symmetric.
@@ -123,8 +123,8 @@ def preconditioned_spectrum(task, model, params, D, k=2, layer=0, heads=(0, 1)):
 
     L = LinearOperator((dim, dim), matvec=op, dtype=np.float64)
     v0 = np.random.default_rng(0).standard_normal(dim)
-    lo = eigsh(L, k=k, which="SA", v0=v0)
-    hi = eigsh(L, k=k, which="LA", v0=v0)
+    lo = eigsh(L, k=k, which="SA", v0=v0, tol=tol)
+    hi = eigsh(L, k=k, which="LA", v0=v0, tol=tol)
     vals = np.concatenate([lo[0], hi[0]])
     vecs = np.concatenate([lo[1], hi[1]], axis=1)
     order = np.argsort(vals)
@@ -209,14 +209,14 @@ class SymmetryRun(NamedTuple):
 
 def follow_symmetric_start(task, model, start, steps, optimizer="gd", lr=1.0, lr_schedule="constant",
                            weight_decay=0.0, layer=0, heads=(0, 1), spectrum_every=None, k=1,
-                           progress=False) -> SymmetryRun:
+                           spectrum_tol=1e-8, progress=False) -> SymmetryRun:
     """Step the exact trajectory from ``start`` and the linearised heads' difference beside it (module docstring).
 
     The update is :meth:`popgrad.train.optim.Optimizer.step` on the exact gradient (the rule of
     :func:`popgrad.train_catformer`; the trajectory is bit-identical to it). The linearisation is about the
     symmetric part ``θ̄_t`` of the measured trajectory, with one exact Hessian-vector product
     (:func:`popgrad.catformer_hvp`) per step; the antisymmetric spectrum (Lanczos, ``k`` per end) every
-    ``spectrum_every`` steps (default ``max(1, steps // 16)``).
+    ``spectrum_every`` steps (default ``max(1, steps // 16)``; ``eigsh`` tolerance ``spectrum_tol``).
     """
     if not isinstance(model, CatFormer):
         raise ArgumentTypeError(f"model must be a popgrad.CatFormer, got {type(model).__name__}")
@@ -273,7 +273,7 @@ def follow_symmetric_start(task, model, start, steps, optimizer="gd", lr=1.0, lr
             vbar = (1 - b2) * gbar * gbar + b2 * vbar
         if t % spectrum_every == 0 or t == steps:
             sp = hessian_spectrum(task, model, pbar, k=k, which="both", subspace="head_antisymmetric",
-                                  layer=layer, heads=heads)
+                                  layer=layer, heads=heads, tol=spectrum_tol)
             spec["step"].append(t)
             spec["lmin"].append(float(sp.values[0]))
             spec["lmax"].append(float(sp.values[-1]))
@@ -284,7 +284,7 @@ def follow_symmetric_start(task, model, start, steps, optimizer="gd", lr=1.0, lr
             if rule.is_adam:
                 n_ = t + 1
                 D = np.sqrt(vbar / (1 - b2**n_)) + e
-                pv, _ = preconditioned_spectrum(task, model, pbar, D, k=k, layer=layer, heads=heads)
+                pv, _ = preconditioned_spectrum(task, model, pbar, D, k=k, layer=layer, heads=heads, tol=spectrum_tol)
                 spec["plmin"].append(float(pv[0]))
             else:
                 spec["plmin"].append(float("nan"))
