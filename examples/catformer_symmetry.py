@@ -287,6 +287,56 @@ def sweep_main(args, out):
     write(out, "sweep_table.md", "\n".join(lines))
 
 
+def split_direction(task, model):
+    """The unit antisymmetric direction that points head 0's positional block at slot 0 and head 1's at slot 1.
+
+    ``Ã^(1)_0[S:, S:] += adjacency(0) − adjacency(1)``, ``Ã^(1)_1[S:, S:] −= the same`` (antisymmetric under the
+    swap of the two layer-1 heads), every other block zero, normalised.
+    """
+    from popgrad.engine import hvp as H
+
+    d = model.zeros()
+    S = model.S
+    D = task.graph.adjacency(0) - task.graph.adjacency(1)
+    d.A[0][0, S:, S:] = D
+    d.A[0][1, S:, S:] = -D
+    x = H.flatten_params(d)
+    return x / np.linalg.norm(x)
+
+
+def curvature_main(args, out):
+    """Curvature of the parent-split direction at GD's (symmetric) end point, against the antisymmetric λ_min."""
+    from popgrad.checks import symmetry_breaking as sb
+    from popgrad.engine import hvp as H
+
+    steps = args.stab_steps
+    lines = [f"Curvature u·H·u of the unit parent-split direction u (head 0's positional block toward slot 0, head 1's "
+             f"toward slot 1, antisymmetric) at the end of GD (lr 1 cosine, {steps} exact steps from the symmetric "
+             f"start, ε = {args.epsilon:g}), two-parent, Dirichlet({args.alpha:g}), heads (2, 1).", "",
+             "| S | T | GD final loss | u·H·u | ‖P_anti H u‖ / ‖H u‖ | loss(θ̄ + t u) − loss(θ̄), t = 0.5, 1, 2 | s |",
+             "|---|---|---|---|---|---|---|"]
+    for S, T in [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]:
+        t0 = time.perf_counter()
+        task = two_parent_task(S, T, alpha=args.alpha)
+        model = pg.CatFormer(S, T, heads=(2, 1))
+        gd = pg.train_catformer(task, model, steps, optimizer="gd", lr=1.0, lr_schedule="cosine",
+                                init=sb.symmetric_start(model, 1e-4, 0, args.epsilon), record_every=steps)
+        x = H.flatten_params(gd.final)
+        perm = H.head_swap(model)
+        xb = (x + x[perm]) / 2
+        u = split_direction(task, model)
+        hu = H.flatten_params(pg.catformer_hvp(task, model, H.unflatten_params(model, xb), H.unflatten_params(model, u)))
+        anti = np.linalg.norm((hu - hu[perm]) / 2) / np.linalg.norm(hu)
+        L0 = pg.catformer_loss(task, model, H.unflatten_params(model, xb))
+        dl = [pg.catformer_loss(task, model, H.unflatten_params(model, xb + t * u)) - L0 for t in (0.5, 1.0, 2.0)]
+        lines.append(f"| {S} | {T} | {gd.loss[-1]:.4f} | {u @ hu:+.4g} | {anti:.3f} | "
+                     + ", ".join(f"{v:+.3g}" for v in dl) + f" | {time.perf_counter() - t0:.0f} |")
+        print(lines[-1], flush=True)
+    lines += ["", f"Reproduce: python examples/catformer_symmetry.py --curvature --sizes {args.sizes} "
+                  f"--stab-steps {steps} --epsilon {args.epsilon:g} --alpha {args.alpha:g}"]
+    write(out, "curvature_table.md", "\n".join(lines))
+
+
 def main():
     p = parser(__doc__, "examples_out/catformer_symmetry", quick_help="T = 6, 100 steps, 2 seeds (smoke test)")
     p.add_argument("--T", type=int, default=8)
@@ -298,6 +348,8 @@ def main():
     p.add_argument("--stability", action="store_true",
                    help="the exact stability study from the symmetric start (stability_table.md)")
     p.add_argument("--plateaus", action="store_true", help="GD plateaus and escape vs lr (plateau_table.md)")
+    p.add_argument("--curvature", action="store_true",
+                   help="curvature of the parent-split direction at GD's end (curvature_table.md)")
     p.add_argument("--sweep", action="store_true", help="S x T sweep: GD/AdamW, spectrum at GD's end (sweep_table.md)")
     p.add_argument("--sizes", default="2x6,2x8", help="SxT list for --stability / --plateaus")
     p.add_argument("--optimizers", default="gd,adamw")
@@ -306,7 +358,7 @@ def main():
     p.add_argument("--lrs", default="0.5,1,2", help="learning rates for --plateaus")
     args = p.parse_args()
     out = ensure_out(args.out)
-    if args.stability or args.plateaus or args.sweep:
+    if args.stability or args.plateaus or args.sweep or args.curvature:
         if args.quick:
             args.sizes, args.stab_steps = "2x4", 16
         if args.stability:
@@ -315,6 +367,8 @@ def main():
             plateau_main(args, out)
         if args.sweep:
             sweep_main(args, out)
+        if args.curvature:
+            curvature_main(args, out)
         return
     S = 2
     if args.quick:
