@@ -384,8 +384,10 @@ def hvp(task, A1, A2, v, eps=None, client=None):
     task.check_size()
     if not (isinstance(v, (tuple, list)) and len(v) == 2):
         raise ArgumentTypeError("v must be a pair (V1, V2) shaped like (A1, A2)")
-    V1 = np.asarray(v[0], dtype=np.float64) if not isinstance(v[0], np.ndarray) else v[0].astype(np.float64)
-    V2 = np.asarray(v[1], dtype=np.float64) if not isinstance(v[1], np.ndarray) else v[1].astype(np.float64)
+    try:
+        V1, V2 = np.array(v[0], dtype=np.float64), np.array(v[1], dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ArgumentTypeError("v must be a pair (V1, V2) of real arrays shaped like (A1, A2)") from None
     if V1.shape != A1.shape and not (V1.ndim == 2 and A1.ndim == 3 and (1,) + V1.shape == A1.shape):
         raise ValueError(f"v[0] must have the shape of A1 {A1.shape}, got {V1.shape}")
     if V2.shape != A2.shape and not (V2.ndim == 2 and A2.ndim == 3 and (1,) + V2.shape == A2.shape):
