@@ -337,6 +337,46 @@ def curvature_main(args, out):
     write(out, "curvature_table.md", "\n".join(lines))
 
 
+def basin_main(args, out):
+    """GD from GD's symmetric end point plus ``t`` units of the parent-split direction: does the split persist?"""
+    from popgrad.checks import symmetry_breaking as sb
+    from popgrad.engine import hvp as H
+
+    offsets = [float(x) for x in args.offsets.split(",")]
+    steps = args.stab_steps
+    lines = [f"GD (lr 1 cosine, 1024 steps) from the symmetric start to θ̄, then GD lr 1 constant for {steps} steps "
+             "from θ̄ + t·u (u: unit parent-split direction, `split_direction`); two-parent, "
+             f"Dirichlet({args.alpha:g}), heads (2, 1).", "",
+             "| S | T | t | loss at θ̄ + t·u → end | ‖δ‖ at records | positional preference per head (slot 0 − slot 1) "
+             "at records | M[h, slot] population (end) | s |", "|---|---|---|---|---|---|---|---|"]
+    for S, T in [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]:
+        task = two_parent_task(S, T, alpha=args.alpha)
+        model = pg.CatFormer(S, T, heads=(2, 1))
+        gd = pg.train_catformer(task, model, 1024, optimizer="gd", lr=1.0, lr_schedule="cosine",
+                                init=sb.symmetric_start(model, 1e-4, 0, args.epsilon), record_every=1024)
+        x = H.flatten_params(gd.final)
+        perm = H.head_swap(model)
+        xb = (x + x[perm]) / 2
+        u = split_direction(task, model)
+        for t in offsets:
+            t0 = time.perf_counter()
+            tr = pg.train_catformer(task, model, steps, optimizer="gd", lr=1.0, lr_schedule="constant",
+                                    init=H.unflatten_params(model, xb + t * u), record_every=max(1, steps // 4))
+            prefs = [sb.positional_margins(task, model, tr.params(r)).preference.mean(axis=1)
+                     for r in range(len(tr.step))]
+            dn = [np.linalg.norm(sb.antisymmetric_part(model, tr.params(r))) for r in range(len(tr.step))]
+            M = cc.slot_attention(task.graph, cc.population_attention(task, model, tr.final))
+            lines.append(f"| {S} | {T} | {t:g} | {tr.loss[0]:.4f} → {tr.loss[-1]:.4f} | "
+                         + ", ".join(f"{d:.3g}" for d in dn) + " | "
+                         + "; ".join(np.array2string(p, precision=3, separator=",") for p in prefs)
+                         + f" | {np.array2string(M, precision=2, separator=',').replace(chr(10), '')} | "
+                         f"{time.perf_counter() - t0:.0f} |")
+            print(lines[-1], flush=True)
+    lines += ["", f"Reproduce: python examples/catformer_symmetry.py --basin --sizes {args.sizes} --offsets "
+                  f"{args.offsets} --stab-steps {steps} --epsilon {args.epsilon:g} --alpha {args.alpha:g}"]
+    write(out, "basin_table.md", "\n".join(lines))
+
+
 def main():
     p = parser(__doc__, "examples_out/catformer_symmetry", quick_help="T = 6, 100 steps, 2 seeds (smoke test)")
     p.add_argument("--T", type=int, default=8)
@@ -350,6 +390,9 @@ def main():
     p.add_argument("--plateaus", action="store_true", help="GD plateaus and escape vs lr (plateau_table.md)")
     p.add_argument("--curvature", action="store_true",
                    help="curvature of the parent-split direction at GD's end (curvature_table.md)")
+    p.add_argument("--basin", action="store_true",
+                   help="GD from the symmetric end point plus t units of the parent-split direction (basin_table.md)")
+    p.add_argument("--offsets", default="0,2", help="t values for --basin")
     p.add_argument("--sweep", action="store_true", help="S x T sweep: GD/AdamW, spectrum at GD's end (sweep_table.md)")
     p.add_argument("--sizes", default="2x6,2x8", help="SxT list for --stability / --plateaus")
     p.add_argument("--optimizers", default="gd,adamw")
@@ -358,7 +401,7 @@ def main():
     p.add_argument("--lrs", default="0.5,1,2", help="learning rates for --plateaus")
     args = p.parse_args()
     out = ensure_out(args.out)
-    if args.stability or args.plateaus or args.sweep or args.curvature:
+    if args.stability or args.plateaus or args.sweep or args.curvature or args.basin:
         if args.quick:
             args.sizes, args.stab_steps = "2x4", 16
         if args.stability:
@@ -369,6 +412,8 @@ def main():
             sweep_main(args, out)
         if args.curvature:
             curvature_main(args, out)
+        if args.basin:
+            basin_main(args, out)
         return
     S = 2
     if args.quick:
