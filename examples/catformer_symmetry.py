@@ -348,7 +348,7 @@ def basin_main(args, out):
              "from θ̄ + t·u (u: unit parent-split direction, `split_direction`); two-parent, "
              f"Dirichlet({args.alpha:g}), heads (2, 1).", "",
              "| S | T | t | loss at θ̄ + t·u → end | ‖δ‖ at records | positional preference per head (slot 0 − slot 1) "
-             "at records | M[h, slot] population (end) | s |", "|---|---|---|---|---|---|---|---|"]
+             "at records | M[h, slot] population (end) | status | s |", "|---|---|---|---|---|---|---|---|---|"]
     for S, T in [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]:
         task = two_parent_task(S, T, alpha=args.alpha)
         model = pg.CatFormer(S, T, heads=(2, 1))
@@ -370,7 +370,7 @@ def basin_main(args, out):
                          + ", ".join(f"{d:.3g}" for d in dn) + " | "
                          + "; ".join(np.array2string(p, precision=3, separator=",") for p in prefs)
                          + f" | {np.array2string(M, precision=2, separator=',').replace(chr(10), '')} | "
-                         f"{time.perf_counter() - t0:.0f} |")
+                         f"{tr.status} at step {int(tr.step[-1])} | {time.perf_counter() - t0:.0f} |")
             print(lines[-1], flush=True)
     lines += ["", f"Reproduce: python examples/catformer_symmetry.py --basin --sizes {args.sizes} --offsets "
                   f"{args.offsets} --stab-steps {steps} --epsilon {args.epsilon:g} --alpha {args.alpha:g}"]
