@@ -348,3 +348,16 @@ def test_client_is_bit_identical(client):
     finally:
         H.CHUNK = old
     assert np.array_equal(loc, dist)
+
+
+def test_reduced_single_spectrum_matches_dense():
+    task = chain_task(S=2, T=4)
+    rng = np.random.default_rng(4)
+    A1, A2 = rng.standard_normal((4, 4)), rng.standard_normal((2, 2))
+    Hd = H.reduced_hessian_dense(task, A1, A2)
+    assert np.abs(Hd - Hd.T).max() <= 1e-13 * np.abs(Hd).max()
+    ev = np.linalg.eigvalsh(Hd)
+    sp = pg.hessian_spectrum(task, "reduced", (A1, A2), k=2)
+    assert np.abs(sp.values - np.concatenate([ev[:2], ev[-2:]])).max() <= 1e-8 * np.abs(ev).max()
+    with pytest.raises(ValueError, match="subspace needs two heads"):
+        pg.hessian_spectrum(task, "reduced", (A1, A2), subspace="head_antisymmetric")
