@@ -93,10 +93,12 @@ from .model.catformer import CatFormer, CatFormerParams, StandardTransformer, ca
     to_disentangled, to_standard
 from .engine.catformer import CatFormerLossAndGrad, catformer_loss, catformer_loss_and_grad
 from .engine.catformer_attention import CatFormerAttention, catformer_attention
+from .engine.hvp import HessianSpectrum, catformer_hvp, hessian_spectrum, hvp
 from .train import MultiHeadTrainConfig, TrainConfig, Trajectory, train_multi_head, train_two_stage
 from .train import CatFormerTrajectory, train_catformer
 from .train.optim import Optimizer
 from . import checks
+from .checks.symmetry_breaking import follow_symmetric_start, head_ablation, positional_margins, symmetric_start
 from . import _compat
 
 #: Deprecated alias of :class:`LossAndGrad` (one result type serves every task kind).
@@ -197,6 +199,14 @@ __all__ = [
     "train_catformer",
     "CatFormerTrajectory",
     "Optimizer",
+    "catformer_hvp",
+    "hvp",
+    "hessian_spectrum",
+    "HessianSpectrum",
+    "symmetric_start",
+    "follow_symmetric_start",
+    "positional_margins",
+    "head_ablation",
 ]
 
 #: Deprecated names: still importable (``popgrad.exact_loss_multi`` ...), each with a ``DeprecationWarning``
