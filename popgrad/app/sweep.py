@@ -100,6 +100,7 @@ import logging
 import math
 import os
 import platform
+import signal
 import sys
 import time
 import traceback
@@ -418,15 +419,37 @@ def _start_client(scheduler, workers, n_cells, worker_timeout, log):
     from ..engine.distributed import worker_env
 
     n = max(1, min(workers or os.cpu_count() or 1, n_cells))
-    with shield_children():  # a terminal Ctrl-C reaches this process only; it closes the workers
-        # Dask's warnings of an orderly shutdown (cancelled cells, a busy worker killed) are not the user's news
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, env=worker_env(),
-                               silence_logs=logging.ERROR)
+    cluster = None
     try:
+        with shield_children():  # a terminal Ctrl-C reaches this process only; it closes the workers
+            # Dask's warnings of an orderly shutdown (cancelled cells, a busy worker killed) are not the user's news
+            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, env=worker_env(),
+                                   silence_logs=logging.ERROR)
         return Client(cluster), cluster
-    except BaseException:
-        cluster.close()
+    except BaseException as exc:  # a Ctrl-C held back while the cluster started is delivered here
+        if cluster is not None:
+            if isinstance(exc, (KeyboardInterrupt, Terminated)):
+                _stop_workers_now(cluster)
+            cluster.close()
         raise
+
+
+def _stop_workers_now(cluster) -> None:
+    """End the worker processes of our own ``LocalCluster`` at once (SIGKILL), so that an interrupt acts
+    within a second instead of waiting for Dask's orderly close of busy workers; what their cells
+    left (staging folders, locks) is removed by :func:`popgrad._io.clear_stale` afterwards."""
+    if cluster is None:
+        return
+    for nanny in list(getattr(cluster, "workers", {}).values()):
+        try:
+            pid = nanny.pid
+        except Exception:
+            pid = None
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:  # already gone
+                pass
 
 
 def _dashboard(client) -> str:
@@ -533,8 +556,10 @@ def _run_cells(cells, rows, todo, client, scheduler, workers, worker_timeout, fi
             rows[i] = row
             write_csv_atomic(csv_path, _frame(rows))
             bar.update(1)
-    except BaseException:
-        if futures and client is not None:
+    except BaseException as exc:
+        if own and isinstance(exc, (KeyboardInterrupt, Terminated)):
+            _stop_workers_now(cluster)  # interrupted: the cells cut short are cleared below, not waited for
+        elif futures and client is not None:
             try:
                 client.cancel(list(futures))
             except Exception:
