@@ -32,13 +32,14 @@ import os
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 
 __all__ = ["Terminated", "install_import_guard", "is_cli_process", "cli_session", "deferred", "shield_children",
            "say", "sigint_seen"]
 
 _CLI_MODULES = ("popgrad.app.cli", "popgrad")
-_STATE = {"guard": False, "session": False, "sigint": False}
+_STATE = {"guard": False, "session": False, "sigint": False, "resend": False}
 
 
 class Terminated(BaseException):
@@ -66,12 +67,42 @@ def _on_sigint(signum, frame):
     raise KeyboardInterrupt
 
 
+#: Seconds after which a ``KeyboardInterrupt`` swallowed as "unraisable" is raised again in the main thread.
+RESEND_DELAY = 0.05
+
+
+def _resend(sig) -> None:
+    """``sig`` (SIGINT or SIGTERM) to the main thread, from a helper thread once the unraisable hook has returned.
+
+    Sending it from inside the hook (``os.kill``) runs the handler *in the hook*, where the new
+    ``KeyboardInterrupt`` is swallowed again: the interrupt was lost (issue 32). The helper thread
+    waits until the hook is done; ``pthread_kill`` targets the main thread, so a blocking call
+    there (a lock, a ``select``) is interrupted too.
+    """
+    def later():
+        time.sleep(RESEND_DELAY)
+        try:
+            signal.pthread_kill(threading.main_thread().ident, sig)
+        except (OSError, ValueError, AttributeError):
+            try:
+                os.kill(os.getpid(), sig)
+            except OSError:
+                pass
+        finally:
+            _STATE["resend"] = False
+
+    if _STATE.get("resend"):  # one re-send is already on its way
+        return
+    _STATE["resend"] = True
+    threading.Thread(target=later, name="popgrad-resend-sigint", daemon=True).start()
+
+
 def _unraisable(unraisable, _previous=sys.unraisablehook):
     """A ``KeyboardInterrupt`` raised where Python cannot propagate it (a weakref callback of the import
-    system, a ``__del__``): no "Exception ignored" traceback; the signal is sent again, so the
-    interrupt reaches the command's own code at its next step."""
-    if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
-        os.kill(os.getpid(), signal.SIGINT)
+    system, a ``__del__``): no "Exception ignored" traceback; the signal is sent again once this hook
+    has returned (:func:`_resend`); SIGTERM's :class:`Terminated` likewise, so the interrupt reaches the command's own code."""
+    if unraisable.exc_type is not None and issubclass(unraisable.exc_type, (KeyboardInterrupt, Terminated)):
+        _resend(signal.SIGINT if issubclass(unraisable.exc_type, KeyboardInterrupt) else signal.SIGTERM)
         return
     _previous(unraisable)
 
@@ -117,12 +148,16 @@ def cli_session():
             old = signal.signal(signal.SIGTERM, _raise_terminated)
         except (ValueError, OSError):
             old = None
+    hook = sys.unraisablehook
+    if old is not None and hook is sys.__unraisablehook__:
+        sys.unraisablehook = _unraisable  # a Terminated raised in a __del__ is sent again, not lost
     _STATE["session"] = True
     try:
         yield
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)
+            sys.unraisablehook = hook
 
 
 @contextmanager

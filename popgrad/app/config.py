@@ -114,6 +114,21 @@ ARG_SPECS = {
     "init_scale": ("real", 0, False), "init_seed": ("int", 0, False), "steps": ("int", 1, False),
 }
 
+#: Largest integer each key takes (issue 32: counts are refused before anything is sized by them);
+#: any other integer key at most :data:`MAX_INT` (an int64).
+MAX_INT = 2**63 - 1
+MAX_STEPS = 10**9
+MAX_ATOMS = 100_000
+ARG_MAXIMA = {"steps1": MAX_STEPS, "steps2": MAX_STEPS, "steps": MAX_STEPS, "record_every": MAX_STEPS,
+              "checkpoint_every": MAX_STEPS, "atoms": MAX_ATOMS, "n": 64}
+#: Largest value of a real key (``init_scale``: logits of ``scale·N(0,1)`` beyond it saturate every softmax,
+#: and at 1e308 the start itself overflows).
+REAL_MAXIMA = {"init_scale": 1e3}
+#: Why a key has its maximum (appended to the refusal).
+_MAX_WHY = {"atoms": "the prior's draws are held in memory and every step sums over them: use fewer --atoms",
+            "init_scale": "attention logits of init_scale*N(0,1) saturate every softmax; the official two-parent "
+                          "start is 1e-4"}
+
 #: Options of a command that are not config keys (never in a config file or a sweep spec).
 OPTION_SPECS = {"workers": ("int", 1, False)}
 _SPECS = {**ARG_SPECS, **OPTION_SPECS}
@@ -122,9 +137,12 @@ _SPECS = {**ARG_SPECS, **OPTION_SPECS}
 def _want(key) -> str:
     kind, minimum, strict = _SPECS[key]
     if kind == "int":
-        return "an integer" + ("" if minimum is None else f" >= {minimum}")
+        top = ARG_MAXIMA.get(key)
+        return "an integer" + ("" if minimum is None else f" >= {minimum}") + ("" if top is None else f" and <= {top:,}")
     if kind == "real":
-        return "a finite number" + ("" if minimum is None else f" {'>' if strict else '>='} {minimum:g}")
+        top = REAL_MAXIMA.get(key)
+        return ("a finite number" + ("" if minimum is None else f" {'>' if strict else '>='} {minimum:g}")
+                + ("" if top is None else f" and <= {top:g}"))
     return {"bool": "true or false", "str": "a string"}[kind]
 
 
@@ -137,7 +155,7 @@ def check_value(key, value):
     ``ValueError`` for one out of range, both ``"expected ..., got ..."``.
     """
     kind, minimum, strict = _SPECS[key]
-    text = f"expected {_want(key)}, got {value!r}"
+    text = f"expected {_want(key)}, got {_shown(value)}"
     if kind in ("str", "bool"):
         if not isinstance(value, str if kind == "str" else bool):
             raise ArgumentTypeError(text)
@@ -145,6 +163,8 @@ def check_value(key, value):
     if isinstance(value, bool):
         raise ArgumentTypeError(text)
     if isinstance(value, str):
+        if len(value) > 64:  # no number popgrad takes is this long; never parse 4300-digit strings
+            raise (ValueError if value.strip().lstrip("+-").isdigit() else ArgumentTypeError)(text)
         try:
             value = int(value.strip()) if kind == "int" else float(value.strip())
         except ValueError:
@@ -159,7 +179,18 @@ def check_value(key, value):
             raise ValueError(text)
     if minimum is not None and (value <= minimum if strict else value < minimum):
         raise ValueError(text)
+    if (kind == "int" and value > ARG_MAXIMA.get(key, MAX_INT)) or (kind == "real" and value > REAL_MAXIMA.get(key, math.inf)):
+        why = _MAX_WHY.get(key)
+        raise ValueError(f"expected {_want(key)}, got {_shown(value)}" + (f" ({why})" if why else ""))
     return value
+
+
+def _shown(value) -> str:
+    """``repr(value)``, shortened when long (a 5,000-digit integer is named by its size)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
 
 
 def checked(key, value, where: str):
@@ -174,11 +205,12 @@ def checked(key, value, where: str):
 
 def load_toml(path, what: str) -> dict:
     """A TOML file as a dict; every problem one :class:`CLIError` line naming ``what`` and ``path``."""
+    from .._io import read_input_file  # sized before it is read: no FIFO, /dev/zero or huge file
+
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        raise CLIError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+        raw = read_input_file(path, what)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
     if raw[:2] in (b"\xff\xfe", b"\xfe\xff") or raw[:3] == b"\xef\xbb\xbf":
         enc = "UTF-8 with a byte-order mark" if raw[:3] == b"\xef\xbb\xbf" else "UTF-16"
         raise CLIError(f"{what} {path} is {enc} text: save it as UTF-8 (without a byte-order mark)")

@@ -191,11 +191,10 @@ def _too_large(task):
 
 
 def _memory_bytes() -> int | None:
-    """This machine's physical memory in bytes, or ``None`` where unknown."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
+    """The memory this process may use (physical, or its ``ulimit -v`` when lower), or ``None`` where unknown."""
+    from .._io import memory_limit
+
+    return memory_limit()
 
 
 def _size(n: float) -> str:
@@ -207,7 +206,7 @@ def _size(n: float) -> str:
 
 def check_sample_size(cfg, task) -> None:
     """Refuse a sampled Stage 2 whose sample cannot fit in memory: ``--samples`` x (T tokens + 2 S
-    label weights) x 8 bytes, against half of this machine's memory."""
+    label weights) x 8 bytes, against half of the memory this process may use (physical or its ulimit -v)."""
     n = cfg.get("samples", 0)
     if cfg.get("stage2") != "sampled" or not n or cfg.get("steps2", 0) == 0:
         return
@@ -216,7 +215,7 @@ def check_sample_size(cfg, task) -> None:
     if memory is not None and need > memory // 2:
         most = max(2, memory // 2 // ((task.T + 2 * task.S) * 8))
         raise CLIError(f"--samples {n:,} needs about {_size(need)} for the Stage-2 sample (n x (T + 2S) x 8 bytes), "
-                       f"more than half of this machine's {_size(memory)}: use --samples {most:,} or fewer, or "
+                       f"more than half of the {_size(memory)} this process may use: use --samples {most:,} or fewer, or "
                        "--samples 0 (chosen from a pilot sample for a standard error of 1e-3)")
 
 

@@ -27,7 +27,7 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from .._validation import ArgumentTypeError, as_int
+from .._validation import ArgumentTypeError, as_int, as_rng
 from . import _weights
 from .graphs import CausalGraph
 from .multigraphs import MultiParentGraph
@@ -278,7 +278,7 @@ class Task(ExactTask):
         Deterministic given ``seed``.
         """
         n = as_int(n, "n", minimum=1)
-        rng = np.random.default_rng(seed)
+        rng = as_rng(seed, "seed")
         prior = self._prior
         S, T = self.S, self.T
         parents = self._graph.parents
@@ -488,7 +488,7 @@ class MultiParentTask(ExactTask):
         Returns a :class:`popgrad.Sample` with ``targets[m] = π(· | s_tp)``.
         """
         n = as_int(n, "n", minimum=1)
-        rng = np.random.default_rng(seed)
+        rng = as_rng(seed, "seed")
         prior, S, T = self._prior, self.S, self.T
         parents = self._graph.parents
         m = rng.choice(prior.K, size=n, p=prior.weights)
