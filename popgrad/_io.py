@@ -262,11 +262,22 @@ def _pid_alive(pid: int, start=None) -> bool:
         pass
     except OSError:
         return False
+    if _is_zombie(pid):  # ended (a killed worker not yet reaped by its parent): its lock is stale
+        return False
     if start is not None:
         now = _process_start(pid)
         if now is not None and now != start:
             return False  # the PID now belongs to another process
     return True
+
+
+def _is_zombie(pid: int) -> bool:
+    """Whether ``pid`` has ended and waits to be reaped (state ``Z``/``X`` in Linux ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def _owner_tag() -> str:

@@ -31,6 +31,7 @@ __all__ = [
     "as_seqs",
     "is_int",
     "warn_inf",
+    "count_text",
 ]
 
 
@@ -196,3 +197,12 @@ def warn_inf(where: str) -> None:
         RuntimeWarning,
         stacklevel=level,
     )
+
+
+def count_text(n: int) -> str:
+    """An integer for a message: ``"59,049"``, or ``"about 10^4932"`` from 10**15 on (never ``str`` of a
+    huge integer: Python refuses more than 4300 digits, and nobody reads them)."""
+    n = int(n)
+    if abs(n) < 10**15:
+        return f"{n:,}"
+    return f"about 10^{math.log10(abs(n)):.0f}"

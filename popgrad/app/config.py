@@ -146,16 +146,46 @@ def _want(key) -> str:
     return {"bool": "true or false", "str": "a string"}[kind]
 
 
-def check_value(key, value):
+def _canonical_heads(value, text):
+    """``heads`` in one spelling: ``"1, 1"``, ``"01,1"`` and TOML ``[1, 1]`` are all ``"1,1"`` (one sweep cell)."""
+    if isinstance(value, (list, tuple)):
+        parts = list(value)
+        if not all(isinstance(p, int) and not isinstance(p, bool) for p in parts):
+            raise ArgumentTypeError(text)
+    elif isinstance(value, str):
+        parts = [p.strip() for p in value.split(",")]
+        if not all(p.isdigit() and len(p) <= 18 for p in parts):
+            raise ValueError(text)
+        parts = [int(p) for p in parts]
+    else:
+        raise ArgumentTypeError(text)
+    if not parts or any(p < 1 for p in parts):
+        raise ValueError(text)
+    return ",".join(str(p) for p in parts)
+
+
+#: Keys whose value has one canonical spelling (so equal settings are equal cells and equal configs).
+_CANONICAL = {"heads": (_canonical_heads, "head counts per layer, each >= 1, e.g. 2,1 (or [2, 1] in TOML)")}
+#: Integer keys where some values inside the range mean nothing: key -> (refused values, what to say).
+_REFUSED = {"samples": ({1}, "0 (chosen from a pilot sample) or >= 2 (a standard error needs two draws)")}
+
+
+def check_value(key, value, typed: bool = False):
     """``value`` converted and range-checked for config key ``key``.
 
-    Accepts the strings of the command line and the typed values of a config
-    file or sweep spec. Raises :class:`popgrad._validation.ArgumentTypeError`
+    Accepts the strings of the command line and, with ``typed`` (a config file or sweep spec), the
+    typed values of TOML: there a number or a bool written as a string (``lr = "0.1"``) is refused
+    like any other wrong type. Raises :class:`popgrad._validation.ArgumentTypeError`
     (a ``TypeError``, also a ``ValueError``) for a value of the wrong kind and
     ``ValueError`` for one out of range, both ``"expected ..., got ..."``.
     """
     kind, minimum, strict = _SPECS[key]
+    if key in _CANONICAL:
+        fn, what = _CANONICAL[key]
+        return fn(value, f"expected {what}, got {_shown(value)}")
     text = f"expected {_want(key)}, got {_shown(value)}"
+    if typed and kind != "str" and isinstance(value, str):
+        raise ArgumentTypeError(f"{text} (a string: write the value without quotes)")
     if kind in ("str", "bool"):
         if not isinstance(value, str if kind == "str" else bool):
             raise ArgumentTypeError(text)
@@ -182,6 +212,8 @@ def check_value(key, value):
     if (kind == "int" and value > ARG_MAXIMA.get(key, MAX_INT)) or (kind == "real" and value > REAL_MAXIMA.get(key, math.inf)):
         why = _MAX_WHY.get(key)
         raise ValueError(f"expected {_want(key)}, got {_shown(value)}" + (f" ({why})" if why else ""))
+    if key in _REFUSED and value in _REFUSED[key][0]:
+        raise ValueError(f"expected {_REFUSED[key][1]}, got {_shown(value)}")
     return value
 
 
@@ -193,10 +225,10 @@ def _shown(value) -> str:
     return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
 
 
-def checked(key, value, where: str):
+def checked(key, value, where: str, typed: bool = False):
     """:func:`check_value` with the error as one :class:`CLIError` line ``"{where}: {key}: expected ..."``."""
     try:
-        return check_value(key, value)
+        return check_value(key, value, typed)
     except TypeError as exc:
         raise CLITypeError(f"{where}: {key}: {exc}") from None
     except ValueError as exc:
@@ -231,7 +263,7 @@ def load_config_file(path) -> dict:
     for key, value in data.items():
         if key not in ARG_SPECS:
             raise CLIError(f"config file {path}: unknown key {key!r} (known: {', '.join(sorted(ARG_SPECS))})")
-        out[key] = checked(key, value, f"config file {path}")
+        out[key] = checked(key, value, f"config file {path}", typed=True)
     return out
 
 

@@ -144,7 +144,7 @@ def _value(key, value, where: str):
     if key not in ARG_SPECS:
         known = ", ".join(k for k in sorted(ARG_SPECS) if k not in NOT_IN_SWEEP)
         raise CLIError(f"{where}: unknown key {key!r} (known: {known})")
-    return checked(key, value, where)
+    return checked(key, value, where, typed=True)
 
 
 def cell_id(cfg: dict) -> str:
@@ -434,14 +434,37 @@ def _start_client(scheduler, workers, n_cells, worker_timeout, log):
         raise
 
 
+#: Seconds Dask gets to close our client and cluster after an interrupt (the promise is an exit within 2 s).
+CLOSE_TIMEOUT_INTERRUPTED = 0.5
+
+
+def _close(obj, timeout=None) -> None:
+    """``obj.close()``; with a ``timeout`` (after an interrupt) bounded and quiet."""
+    if timeout is None:
+        obj.close()
+        return
+    try:
+        obj.close(timeout=timeout)
+    except Exception:  # a TimeoutError of the bounded close: the process ends right after
+        pass
+
+
 def _stop_workers_now(cluster) -> None:
     """End the worker processes of our own ``LocalCluster`` at once (SIGKILL), so that an interrupt acts
     within a second instead of waiting for Dask's orderly close of busy workers; what their cells
     left (staging folders, locks) is removed by :func:`popgrad._io.clear_stale` afterwards."""
     if cluster is None:
         return
+    try:
+        from distributed.core import Status
+
+        closing = Status.closing
+    except ImportError:  # pragma: no cover - Dask is a dependency of the sweep
+        closing = None
     for nanny in list(getattr(cluster, "workers", {}).values()):
         try:
+            if closing is not None:
+                nanny.status = closing  # the Nanny must not start a new worker when this one dies
             pid = nanny.pid
         except Exception:
             pid = None
@@ -533,6 +556,7 @@ def _run_cells(cells, rows, todo, client, scheduler, workers, worker_timeout, fi
     t0 = time.perf_counter()
     own = client is None
     cluster = futures = bar = None
+    interrupted = False
     try:
         if own:
             client, cluster = _start_client(scheduler, workers, len(todo), worker_timeout, log)
@@ -558,6 +582,7 @@ def _run_cells(cells, rows, todo, client, scheduler, workers, worker_timeout, fi
             bar.update(1)
     except BaseException as exc:
         if own and isinstance(exc, (KeyboardInterrupt, Terminated)):
+            interrupted = True
             _stop_workers_now(cluster)  # interrupted: the cells cut short are cleared below, not waited for
         elif futures and client is not None:
             try:
@@ -568,10 +593,13 @@ def _run_cells(cells, rows, todo, client, scheduler, workers, worker_timeout, fi
     finally:
         if bar is not None:
             bar.close()
+        # Interrupted: the workers are gone; Dask's orderly close of a scheduler holding thousands of
+        # tasks takes seconds, so it gets a short while and the process exit ends the rest.
+        wait = {"timeout": CLOSE_TIMEOUT_INTERRUPTED} if interrupted else {}
         if own and client is not None:
-            client.close()
+            _close(client, **wait)
         if cluster is not None:
-            cluster.close()
+            _close(cluster, **wait)
         if own:  # what cells cut short left behind (the cluster is closed: their processes are gone)
             for i in todo:
                 if i not in rows:

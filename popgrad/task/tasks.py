@@ -27,7 +27,7 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from .._validation import ArgumentTypeError, as_int, as_rng
+from .._validation import ArgumentTypeError, as_int, as_rng, count_text
 from . import _weights
 from .graphs import CausalGraph
 from .multigraphs import MultiParentGraph
@@ -331,7 +331,7 @@ class Task(ExactTask):
     def summary(self) -> str:
         """Human-readable description: graph, prior diagnostics, sizes."""
         return (
-            f"Task S={self.S} T={self.T} sequences S**T={self.n_sequences:,} "
+            f"Task S={self.S} T={self.T} sequences S**T={count_text(self.n_sequences)} "
             f"(limit {self._max_sequences:,})\n{self._graph.summary()}\n{self._prior.summary()}"
         )
 
@@ -507,7 +507,7 @@ class MultiParentTask(ExactTask):
     def summary(self) -> str:
         """Graph, prior diagnostics, sizes."""
         return (
-            f"MultiParentTask S={self.S} T={self.T} k={self.k} sequences S**T={self.n_sequences:,} "
+            f"MultiParentTask S={self.S} T={self.T} k={self.k} sequences S**T={count_text(self.n_sequences)} "
             f"(limit {self._max_sequences:,})\n{self._graph.summary()}\n{self._prior.summary()}"
         )
 
