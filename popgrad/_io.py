@@ -198,13 +198,14 @@ def _describe(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def check_output_dir(path, flag: str = "--out", names=()) -> str:
+def check_output_dir(path, flag: str = "--out", names=(), folders=()) -> str:
     """Validate an output folder path *without writing anything*; returns it as a ``str``.
 
     Refuses an empty path, a path whose folder or any parent is a regular
     file, a dangling symbolic link, and a folder (or its first existing
     parent) that is not writable, and a folder standing where one of the
-    files ``names`` goes, each with an :class:`OutputDirError` naming ``flag``.
+    files ``names`` goes or anything but a folder where one of ``folders`` goes (``touch out/cells``),
+    each with an :class:`OutputDirError` naming ``flag``.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise OutputDirError(f"{flag} must be a folder path, got {path!r}")
@@ -229,6 +230,11 @@ def check_output_dir(path, flag: str = "--out", names=()) -> str:
     if not os.access(probe, os.W_OK | os.X_OK):
         raise OutputDirError(f"{flag} {path}: {probe} is not writable: choose another {flag}")
     _check_targets(path, names, flag)
+    for name in folders:
+        target = os.path.join(path, name)
+        if os.path.lexists(target) and not os.path.isdir(target):
+            raise OutputDirError(f"{flag} {path}: {target} is a file where popgrad keeps its {name}/ folder: "
+                                 f"remove it or choose another {flag}")
     return path
 
 

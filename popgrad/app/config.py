@@ -394,3 +394,8 @@ def check_conflicts(cfg: dict, given: set) -> None:
                            "drop --T (a parents string fixes T)")
     if "n" in given and spec != "ngram":
         raise CLIError(f"--n {cfg['n']} only applies to --graph ngram (got --graph {spec}): drop --n")
+    if cfg.get("stage2") == "exact":  # issue 32: a sample setting of an exact Stage 2 would be ignored
+        for key in ("samples", "sample_seed"):
+            if key in given and cfg.get(key):
+                raise CLIError(f"{_flag(key)} {cfg[key]} conflicts with --stage2 exact, which draws no sample: "
+                               f"drop {_flag(key)}, or use --stage2 sampled")

@@ -513,7 +513,7 @@ def sweep(spec, client=None, out: str = "sweep_out", *, scheduler: str | None = 
     """
     spec_dict = spec if isinstance(spec, Mapping) else load_spec(spec)
     cells = expand(spec_dict, log=log)
-    out = check_output_dir(out, "--out", ("results.csv",))
+    out = check_output_dir(out, "--out", ("results.csv",), folders=("cells",))
     workers = check_workers(workers)
     if scheduler is not None:
         scheduler = check_scheduler_address(scheduler)
@@ -530,6 +530,19 @@ def sweep(spec, client=None, out: str = "sweep_out", *, scheduler: str | None = 
     cells_dir = os.path.join(root, "cells")
     csv_path = os.path.join(root, "results.csv")
 
+    own = client is None
+    if scheduler is not None:  # refused (one line) before anything is written: no header-only results.csv
+        client = connect_scheduler(scheduler, worker_timeout, log)
+    try:
+        return _sweep_into(cells, root, out, client, own, workers, worker_timeout, figures, progress, retries, log,
+                           cell_fn, cells_dir, csv_path)
+    finally:
+        if own and client is not None:
+            client.close()
+
+
+def _sweep_into(cells, root, out, client, own, workers, worker_timeout, figures, progress, retries, log, cell_fn,
+                cells_dir, csv_path):
     os.makedirs(root, exist_ok=True)
     with FolderLock(root, "--out"):
         rows, todo = {}, []
@@ -544,22 +557,21 @@ def sweep(spec, client=None, out: str = "sweep_out", *, scheduler: str | None = 
         if not todo:
             log(f"results: {csv_path}")
             return _frame(rows)
-        return _run_cells(cells, rows, todo, client, scheduler, workers, worker_timeout, figures, progress, retries,
+        return _run_cells(cells, rows, todo, client, own, workers, worker_timeout, figures, progress, retries,
                           log, cell_fn, cells_dir, csv_path)
 
 
-def _run_cells(cells, rows, todo, client, scheduler, workers, worker_timeout, figures, progress, retries, log,
+def _run_cells(cells, rows, todo, client, own, workers, worker_timeout, figures, progress, retries, log,
                cell_fn, cells_dir, csv_path):
     from dask.distributed import as_completed
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
-    own = client is None
     cluster = futures = bar = None
     interrupted = False
     try:
-        if own:
-            client, cluster = _start_client(scheduler, workers, len(todo), worker_timeout, log)
+        if client is None:  # our own LocalCluster (a --scheduler was connected to before anything was written)
+            client, cluster = _start_client(None, workers, len(todo), worker_timeout, log)
         log(f"Dask scheduler: {client.scheduler.address}; dashboard: {_dashboard(client)}")
         os.makedirs(cells_dir, exist_ok=True)
         token = os.urandom(4).hex()
@@ -581,7 +593,7 @@ def _run_cells(cells, rows, todo, client, scheduler, workers, worker_timeout, fi
             write_csv_atomic(csv_path, _frame(rows))
             bar.update(1)
     except BaseException as exc:
-        if own and isinstance(exc, (KeyboardInterrupt, Terminated)):
+        if cluster is not None and isinstance(exc, (KeyboardInterrupt, Terminated)):
             interrupted = True
             _stop_workers_now(cluster)  # interrupted: the cells cut short are cleared below, not waited for
         elif futures and client is not None:
@@ -596,7 +608,7 @@ def _run_cells(cells, rows, todo, client, scheduler, workers, worker_timeout, fi
         # Interrupted: the workers are gone; Dask's orderly close of a scheduler holding thousands of
         # tasks takes seconds, so it gets a short while and the process exit ends the rest.
         wait = {"timeout": CLOSE_TIMEOUT_INTERRUPTED} if interrupted else {}
-        if own and client is not None:
+        if cluster is not None and client is not None:  # the client of our LocalCluster (a --scheduler's: sweep())
             _close(client, **wait)
         if cluster is not None:
             _close(cluster, **wait)

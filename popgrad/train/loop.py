@@ -233,10 +233,21 @@ def validate_checkpoint(z, path, task, cfg) -> _State:
         value = meta[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise bad(f"metadata {key!r} = {value!r} has the wrong type")
-    same_config = meta["config"] == json.loads(json.dumps(asdict(scheme.config)))
-    if meta["atoms_fingerprint"] != _fingerprint(task) or not same_config:
+    now = json.loads(json.dumps(asdict(scheme.config)))
+    if meta["atoms_fingerprint"] != _fingerprint(task) or meta["config"] != now:
+        # issue 32: say which setting changed (the task's graph and S are in the metadata too)
+        changed = [f"{k} {meta['config'].get(k, '(absent)')!r} -> {now.get(k, '(absent)')!r}"
+                   for k in sorted(set(meta["config"]) | set(now)) if meta["config"].get(k) != now.get(k)]
+        if meta["graph"] != task.graph.to_string():
+            changed.append("the graph")
+        if meta["S"] != task.S:
+            changed.append(f"S {meta['S']} -> {task.S}")
+        if meta["atoms_fingerprint"] != _fingerprint(task) and meta["graph"] == task.graph.to_string() \
+                and meta["S"] == task.S:
+            changed.append("the prior (alpha, atoms, seed, floor or uniform_mean)")
+        what = "; ".join(changed[:6]) + ("; ..." if len(changed) > 6 else "")
         raise ValueError(
-            f"checkpoint {path} belongs to a different task or configuration: "
+            f"checkpoint {path} belongs to a different task or configuration ({what or 'the task'}): "
             "resume with exactly the settings of the original run, or start afresh without --resume"
         )
     total = scheme.total
@@ -417,7 +428,7 @@ def run_schedule(task, cfg, state, evaluate, attention=None, *, eta1=None, eta2=
                 _diverge(state, why)
                 break
         if t == total:
-            why = _final_excess(state, loss, t)
+            why = _final_excess(state, loss, t, scheme.hint)
             if why:
                 _diverge(state, why)
             break
@@ -467,14 +478,14 @@ def _track_loss(state, scheme, loss: float, t: int) -> str:
     return ""
 
 
-def _final_excess(state, loss: float, t: int) -> str:
+def _final_excess(state, loss: float, t: int, hint: str = "lower lr1/lr2") -> str:
     """The end-of-run rule: a final loss more than :data:`DIVERGENCE_RTOL` above the lowest loss of the run
     counts as divergence, however few steps were left for the patience rule (``""`` otherwise)."""
     if math.isnan(loss) or not math.isfinite(state.best_loss):
         return ""
     if loss > state.best_loss + DIVERGENCE_RTOL * abs(state.best_loss):
         return (f"the final loss {loss:.6g} (step {t}) is more than {DIVERGENCE_RTOL:.0%} above the lowest loss of "
-                f"the run, {state.best_loss:.6g}: lower lr1/lr2")
+                f"the run, {state.best_loss:.6g}: {hint}")
     return ""
 
 
