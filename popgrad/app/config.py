@@ -394,6 +394,10 @@ def check_conflicts(cfg: dict, given: set) -> None:
                            "drop --T (a parents string fixes T)")
     if "n" in given and spec != "ngram":
         raise CLIError(f"--n {cfg['n']} only applies to --graph ngram (got --graph {spec}): drop --n")
+    if "init_seed" in given and cfg.get("model") == "catformer" and not cfg.get("init_scale"):
+        raise CLIError(f"--init-seed {cfg['init_seed']} has no effect at --init-scale 0 (the zero start draws "
+                       "nothing; as a sweep axis it would only repeat cells): give --init-scale > 0 "
+                       "(e.g. 1e-4, the official two-parent start) or drop --init-seed")
     if cfg.get("stage2") == "exact":  # issue 32: a sample setting of an exact Stage 2 would be ignored
         for key in ("samples", "sample_seed"):
             if key in given and cfg.get(key):

@@ -119,6 +119,10 @@ __all__ = ["sweep", "load_spec", "expand", "cell_id", "run_cell", "summary_row",
 SECTIONS = ("fixed", "axes", "cells")
 NOT_IN_SWEEP = ("out", "resume")
 CONFIG_KEYS = tuple(k for k in DEFAULTS if k != "out")
+#: Keys every row has even when a cell's config leaves them out.
+MODEL_COLUMN_KEYS = ("model",)
+#: Per-cell facts of the run that the report does not hold, kept beside it so a resumed row has them too.
+CELL_FACTS = "cell.json"
 REPORT_KEYS = ("config", "versions", "task", "references", "trajectory", "checks", "all_passed")
 FIRST_COLUMNS = ("cell", "cell_id", *CONFIG_KEYS, "status", "error", "resumed")
 
@@ -248,6 +252,8 @@ def summary_row(cfg: dict, report: dict | None = None, error: str = "", versions
     """The flat results row of one cell: config, status, checks, references, timings, versions."""
     row = {"cell_id": cell_id(cfg), **{k: cfg.get(k) for k in CONFIG_KEYS},  # --model catformer: its own keys
            **{k: v for k, v in cfg.items() if k not in CONFIG_KEYS and k != "out"}}
+    if "model" in MODEL_COLUMN_KEYS:
+        row["model"] = cfg.get("model", "reduced")  # a reduced row of a mixed spec says so (not NaN)
     row["status"] = "ok" if report is not None else "failed"
     row["error"] = "" if report is not None else error
     if report is not None:
@@ -318,6 +324,9 @@ def run_cell(cfg: dict, cell_dir: str, figures: bool = False, log=None) -> dict:
     row["host"] = platform.node()
     try:  # best effort: the report is what counts
         atomic_write_text(os.path.join(cell_dir, "log.txt"), "\n".join(lines) + "\n")
+        if report is not None:
+            atomic_write_text(os.path.join(cell_dir, CELL_FACTS),
+                              json.dumps({"time_cell_s": row["time_cell_s"], "host": row["host"]}) + "\n")
         err = os.path.join(cell_dir, "error.txt")
         if report is None:
             atomic_write_text(err, lines[-1])
@@ -362,6 +371,13 @@ def cached_row(cell_dir: str, cfg: dict) -> dict | None:
         return None
     if not isinstance(row.get("run_status"), str) or not isinstance(row.get("all_passed"), bool):
         return None
+    try:  # the cell's time and host, as the first run's row had them (issue 32)
+        with open(os.path.join(cell_dir, CELL_FACTS), encoding="utf-8") as fh:
+            facts = json.load(fh)
+        if isinstance(facts, dict):
+            row.update({k: facts[k] for k in ("time_cell_s", "host") if k in facts})
+    except (OSError, ValueError):
+        pass
     return row
 
 
@@ -548,6 +564,8 @@ def _sweep_into(cells, root, out, client, own, workers, worker_timeout, figures,
         rows, todo = {}, []
         for i, (cid, cfg) in enumerate(cells):
             row = cached_row(os.path.join(cells_dir, cid), cfg)
+            if row is not None and figures and not os.path.exists(os.path.join(cells_dir, cid, "loss.png")):
+                row = None  # a rerun with --figures draws the figures the first run did not
             if row is not None:
                 rows[i] = dict(row, resumed=True)
             else:
