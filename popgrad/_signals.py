@@ -39,7 +39,7 @@ __all__ = ["Terminated", "install_import_guard", "is_cli_process", "cli_session"
            "say", "sigint_seen"]
 
 _CLI_MODULES = ("popgrad.app.cli", "popgrad")
-_STATE = {"guard": False, "session": False, "sigint": False, "resend": False}
+_STATE = {"guard": False, "session": False, "sigint": False, "sigterm": False, "resend": False}
 
 
 class Terminated(BaseException):
@@ -113,12 +113,22 @@ def sigint_seen() -> bool:
 
 
 def _import_hook(exc_type, exc, tb, _previous=sys.excepthook):
+    terminated = issubclass(exc_type, Terminated) or _STATE.get("sigterm", False)
     interrupted = issubclass(exc_type, KeyboardInterrupt) or _STATE["sigint"]
-    if interrupted and _STATE["guard"] and not _STATE["session"]:
-        sys.stderr.write("popgrad: interrupted (nothing was written)\n")
+    if (interrupted or terminated) and _STATE["guard"] and not _STATE["session"]:
+        what, code = ("terminated", 143) if terminated and not issubclass(exc_type, KeyboardInterrupt) \
+            else ("interrupted", 130)
+        sys.stderr.write(f"popgrad: {what} (nothing was written)\n")
         sys.stderr.flush()
-        os._exit(130)
+        os._exit(code)
     _previous(exc_type, exc, tb)
+
+
+def _on_sigterm_importing(signum, frame):
+    """SIGTERM while the command still imports: :class:`Terminated` (one line and 143 from
+    :func:`_import_hook`), not the default kill (exit -15 with nothing said)."""
+    _STATE["sigterm"] = True
+    raise Terminated()
 
 
 def install_import_guard() -> None:
@@ -129,6 +139,10 @@ def install_import_guard() -> None:
         try:
             if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when SIGINT is ignored
                 signal.signal(signal.SIGINT, _on_sigint)
+                if sys.unraisablehook is sys.__unraisablehook__:
+                    sys.unraisablehook = _unraisable
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # not when SIGTERM is ignored or handled
+                signal.signal(signal.SIGTERM, _on_sigterm_importing)
                 if sys.unraisablehook is sys.__unraisablehook__:
                     sys.unraisablehook = _unraisable
         except (ValueError, OSError):  # not the main thread

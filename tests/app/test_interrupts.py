@@ -203,3 +203,14 @@ def test_interrupt_while_cells_are_submitted(tmp_path, sig, delay):
         pytest.fail(f"the sweep ended before its cluster started: {cmd.err!r}")
     time.sleep(delay)
     _check(cmd, sig, out)
+
+
+# ------------------------------------------------- any time of a run (imports, set-up, training, report)
+@pytest.mark.parametrize("sig, delay", _cases("run", 0.05, 6.0))
+def test_interrupt_at_any_time_of_a_run(tmp_path, sig, delay):
+    """From the first import on: SIGTERM while the command still imports is 143 and one line too
+    (before, the default action killed it: exit -15, nothing said)."""
+    out = tmp_path / "o"
+    cmd = Command(["run", "--no-sweep", "--no-progress", "--out", str(out)], ROOT)
+    time.sleep(delay)
+    _check(cmd, sig, out, allowed_files={"checkpoint.npz"})
