@@ -22,8 +22,10 @@ as it was. What this module offers:
 * :func:`deferred` -- delay SIGINT / SIGTERM while a block runs (the renames of
   :class:`popgrad._io.OutputDir`); installs handlers only for the block.
 * :func:`shield_children` -- start child processes (a Dask ``LocalCluster``'s
-  workers) with SIGINT blocked: a Ctrl-C at the terminal, sent to the whole
-  process group, reaches only the command, which then closes its workers.
+  workers) with SIGINT blocked, and :data:`CHILD_FLAG` in the command's
+  environment: its multiprocessing children ignore SIGINT from their first
+  import of popgrad on. A Ctrl-C at the terminal, sent to the whole process
+  group, reaches only the command, which then ends its workers.
 * :func:`say` -- ``print`` that survives a closed pipe (``popgrad ... | head -1``).
 """
 from __future__ import annotations
@@ -131,8 +133,38 @@ def _on_sigterm_importing(signum, frame):
     raise Terminated()
 
 
+#: Set in the environment of the ``popgrad`` command for its session: a multiprocessing child (a Dask
+#: worker of its LocalCluster) that sees it ignores SIGINT from its first import of popgrad on.
+CHILD_FLAG = "POPGRAD_COMMAND_CHILD"
+
+
+def _is_multiprocessing_child() -> bool:
+    return any("multiprocessing" in a for a in (getattr(sys, "orig_argv", None) or sys.argv))
+
+
+def _ignore_sigint_in_child() -> None:
+    """A worker process of the command ignores SIGINT: a terminal's Ctrl-C reaches the whole process
+    group, and the command closes its workers itself (no worker tracebacks, no half-written cells).
+
+    The signal mask of :func:`shield_children` is not enough: the spawned workers start with an empty
+    mask (``fork_exec`` resets it). This runs when the worker imports popgrad, which it does first
+    (a spawned child re-imports the command's main module), and ``SIG_IGN`` also keeps asyncio from
+    installing its own SIGINT handler in the worker's event loop.
+    """
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (ValueError, OSError):  # not the main thread
+        pass
+
+
 def install_import_guard() -> None:
-    """In the ``popgrad`` command only (:func:`is_cli_process`): a Ctrl-C during its imports is one line, 130."""
+    """In the ``popgrad`` command only (:func:`is_cli_process`): a Ctrl-C during its imports is one line, 130.
+
+    In a multiprocessing child of the command (its Dask workers; :data:`CHILD_FLAG`): SIGINT ignored."""
+    if os.environ.get(CHILD_FLAG) == "1" and _is_multiprocessing_child():
+        _ignore_sigint_in_child()
+        return
     if not _STATE["guard"] and is_cli_process() and sys.excepthook is sys.__excepthook__:
         sys.excepthook = _import_hook
         _STATE["guard"] = True
@@ -165,10 +197,16 @@ def cli_session():
     hook = sys.unraisablehook
     if old is not None and hook is sys.__unraisablehook__:
         sys.unraisablehook = _unraisable  # a Terminated raised in a __del__ is sent again, not lost
+    flag = os.environ.get(CHILD_FLAG)
+    os.environ[CHILD_FLAG] = "1"  # the command's worker processes ignore a terminal's Ctrl-C
     _STATE["session"] = True
     try:
         yield
     finally:
+        if flag is None:
+            os.environ.pop(CHILD_FLAG, None)
+        else:
+            os.environ[CHILD_FLAG] = flag
         if old is not None:
             signal.signal(signal.SIGTERM, old)
             sys.unraisablehook = hook

@@ -214,3 +214,37 @@ def test_interrupt_at_any_time_of_a_run(tmp_path, sig, delay):
     cmd = Command(["run", "--no-sweep", "--no-progress", "--out", str(out)], ROOT)
     time.sleep(delay)
     _check(cmd, sig, out, allowed_files={"checkpoint.npz"})
+
+
+def _children(pid):
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    cmdline = fh.read().decode(errors="replace")
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid:
+                kids.append((int(entry), cmdline))
+    return kids
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_the_command_s_dask_workers_ignore_sigint(tmp_path):
+    """The cause of the worker tracebacks: spawned workers start with an empty signal mask, so blocking
+    SIGINT while the cluster starts did not shield them; they now ignore it from their first import."""
+    cmd = Command(["sweep", _spec(tmp_path, 2), "--out", str(tmp_path / "o"), "--no-progress", "--workers", "2"], ROOT)
+    try:
+        if not cmd.wait_line("Dask scheduler:"):
+            pytest.fail(f"the sweep ended before its cluster started: {cmd.err!r}")
+        workers = [pid for pid, line in _children(cmd.p.pid) if "--multiprocessing-fork" in line]
+        assert workers, _children(cmd.p.pid)
+        for pid in workers:
+            with open(f"/proc/{pid}/status") as fh:
+                ignored = int(next(ln for ln in fh if ln.startswith("SigIgn:")).split()[1], 16)
+            assert ignored & (1 << (signal.SIGINT - 1)), f"worker {pid} does not ignore SIGINT"
+    finally:
+        cmd.kill()
