@@ -104,6 +104,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Mapping
 
 from .._io import FolderLock, atomic_path, atomic_write_text, check_output_dir, clear_stale
@@ -437,8 +438,10 @@ def _start_client(scheduler, workers, n_cells, worker_timeout, log):
     n = max(1, min(workers or os.cpu_count() or 1, n_cells))
     cluster = None
     try:
-        with shield_children():  # a terminal Ctrl-C reaches this process only; it closes the workers
-            # Dask's warnings of an orderly shutdown (cancelled cells, a busy worker killed) are not the user's news
+        with shield_children(), warnings.catch_warnings():  # a terminal Ctrl-C reaches this process only
+            # Dask's warnings of an orderly shutdown (cancelled cells, a busy worker killed) are not the user's
+            # news, nor is a dashboard on another port than 8787 (the log line gives its address)
+            warnings.filterwarnings("ignore", message=r"Port \d+ is already in use")
             cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, env=worker_env(),
                                    silence_logs=logging.ERROR)
         return Client(cluster), cluster
