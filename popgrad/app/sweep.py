@@ -39,7 +39,7 @@ Outputs in ``DIR``:
 
 * ``cells/<cell-id>/``: the cell's ``report.json``, ``report.md``,
   ``trajectory.npz`` (and ``checkpoint.npz``; figures only with ``--figures``),
-  ``log.txt``; ``error.txt`` (traceback) if the cell failed. Every file is
+  ``log.txt``; ``cell.json`` (time and host of the cell, for a resumed row); ``error.txt`` (traceback) if the cell failed. Every file is
   written atomically (:mod:`popgrad._io`).
 * ``results.csv``: one row per finished cell, in the spec's cell order:
   ``cell`` (index), ``cell_id``, every config key, ``status`` (``ok`` /
