@@ -248,3 +248,34 @@ def test_the_command_s_dask_workers_ignore_sigint(tmp_path):
             assert ignored & (1 << (signal.SIGINT - 1)), f"worker {pid} does not ignore SIGINT"
     finally:
         cmd.kill()
+
+
+FIELD_SCRIPT = """
+import sys, popgrad as pg
+from popgrad.task.priors import dirichlet_prior
+task = pg.Task(pg.chain(1024), dirichlet_prior(2, 0.1, 8, seed=0, symmetrize=False))
+pg.stage1_field(pg.Task(pg.chain(8), task.prior))  # kernels loaded
+print("field", flush=True)
+pg.stage1_field(task)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("delay", _times("api-field", 2 * REPEATS, 0.1, 1.5))
+def test_python_api_field_is_interruptible(delay):
+    """The same kernels in a library user's script (no popgrad handler): KeyboardInterrupt within LATENCY s."""
+    p = subprocess.Popen([sys.executable, "-c", FIELD_SCRIPT], env=_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_default_sigint)
+    try:
+        line = p.stdout.readline()
+        assert line.strip() == b"field", (line, p.stderr.read() if p.poll() is not None else b"")
+        time.sleep(delay)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+        latency = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert b"KeyboardInterrupt" in err, err
+    assert latency < LATENCY, f"KeyboardInterrupt {latency:.2f} s after SIGINT"
