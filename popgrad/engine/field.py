@@ -376,15 +376,17 @@ def _run(name, work, n, args, opts) -> None:
     """Run kernel ``name`` (:func:`_kernel`) over its outer range ``0 .. n-1`` in calls of about
     :data:`CALL_SECONDS` each, so that an interrupt acts within a fraction of a second.
 
-    A call does the range ``lo .. hi-1``; its length starts from the work estimate and is
-    rescaled by each call's measured time. Every output entry is still summed by one thread in
-    the same order, so the cut never changes a bit (checked by the tests against one call).
+    A call does the range ``lo .. hi-1``; its length starts at one iteration (the work estimates
+    are rough: memory traffic can make an iteration 100 times dearer than they say) and is
+    rescaled by each call's measured time, at most 4 times longer per call. Every output entry is
+    still summed by one thread in the same order, so the cut never changes a bit (checked by the
+    tests against one call).
     """
     kern = _kernel(name, work, opts)
     if work <= _ONE_CALL_WORK or n <= 1:
         kern(0, n, *args)
         return
-    step = max(1, int(n * _ONE_CALL_WORK / work))
+    step = 1
     lo = 0
     while lo < n:
         hi = min(n, lo + step)

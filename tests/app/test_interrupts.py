@@ -253,17 +253,22 @@ def test_the_command_s_dask_workers_ignore_sigint(tmp_path):
 FIELD_SCRIPT = """
 import sys, popgrad as pg
 from popgrad.task.priors import dirichlet_prior
-task = pg.Task(pg.chain(1024), dirichlet_prior(2, 0.1, 8, seed=0, symmetrize=False))
+task = pg.Task(pg.chain(2048), dirichlet_prior(2, 0.1, 1, seed=0, symmetrize=False))
 pg.stage1_field(pg.Task(pg.chain(8), task.prior))  # kernels loaded
 print("field", flush=True)
-pg.stage1_field(task)
-print("done", flush=True)
+try:
+    pg.stage1_field(task)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)  # when the interrupt reached Python (not the interpreter's exit)
+else:
+    print("done", flush=True)
 """
 
 
-@pytest.mark.parametrize("delay", _times("api-field", 2 * REPEATS, 0.1, 1.5))
+@pytest.mark.parametrize("delay", _times("api-field", 2 * REPEATS, 2.0, 6.0))
 def test_python_api_field_is_interruptible(delay):
-    """The same kernels in a library user's script (no popgrad handler): KeyboardInterrupt within LATENCY s."""
+    """The same kernels in a library user's script (no popgrad handler): KeyboardInterrupt within LATENCY s.
+    Before issue 32 one call of the pair kernel at T = 2048 held the interpreter for about 40 s."""
     p = subprocess.Popen([sys.executable, "-c", FIELD_SCRIPT], env=_env(), cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_default_sigint)
     try:
@@ -272,10 +277,15 @@ def test_python_api_field_is_interruptible(delay):
         time.sleep(delay)
         t0 = time.monotonic()
         p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=60)
+        reply = [None]
+        reader = threading.Thread(target=lambda: reply.__setitem__(0, p.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(60)
         latency = time.monotonic() - t0
     finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-    assert b"KeyboardInterrupt" in err, err
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(30)
+    if reply[0] == b"done\n":
+        pytest.skip("the field finished before the signal")
+    assert reply[0] == b"interrupted\n", (reply[0], p.stderr.read())
     assert latency < LATENCY, f"KeyboardInterrupt {latency:.2f} s after SIGINT"
