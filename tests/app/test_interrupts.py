@@ -289,3 +289,38 @@ def test_python_api_field_is_interruptible(delay):
         pytest.skip("the field finished before the signal")
     assert reply[0] == b"interrupted\n", (reply[0], p.stderr.read())
     assert latency < LATENCY, f"KeyboardInterrupt {latency:.2f} s after SIGINT"
+
+
+UNRAISABLE_SCRIPT = """
+import signal, sys, time
+import popgrad._signals as S
+signal.signal(signal.SIGINT, S._on_sigint)
+signal.signal(signal.SIGTERM, lambda s, f: (_ for _ in ()).throw(S.Terminated()))
+sys.unraisablehook = S._unraisable
+
+class Dies:
+    def __del__(self):
+        raise {exc}  # what a signal handler raises inside a finalizer: Python can only report it
+
+t0 = time.monotonic()
+try:
+    Dies()  # collected at once: the exception goes to sys.unraisablehook
+    while time.monotonic() - t0 < 5:
+        sum(range(1000))
+    print("lost", flush=True)
+except (KeyboardInterrupt, S.Terminated) as exc:
+    print(type(exc).__name__, f"{{time.monotonic() - t0:.3f}}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("exc", ["KeyboardInterrupt", "S.Terminated()"])
+def test_an_interrupt_swallowed_as_unraisable_is_raised_again(exc):
+    """The cause of the lost Ctrl-C during cell submission: a KeyboardInterrupt raised in a finalizer
+    reaches ``sys.unraisablehook``; re-sending the signal from inside the hook raised it there again
+    (and it was swallowed again). Now it is re-sent from a helper thread once the hook has returned."""
+    r = subprocess.run([sys.executable, "-c", UNRAISABLE_SCRIPT.format(exc=exc)], env=_env(), cwd=ROOT,
+                       capture_output=True, timeout=60)
+    words = r.stdout.decode().split()
+    assert words and words[0] == exc.split(".")[-1].rstrip("()"), (r.stdout, r.stderr)
+    assert float(words[1]) < LATENCY
+    assert b"Exception ignored" not in r.stderr, r.stderr
