@@ -449,7 +449,9 @@ def _start_client(scheduler, workers, n_cells, worker_timeout, log):
         if cluster is not None:
             if isinstance(exc, (KeyboardInterrupt, Terminated)):
                 _stop_workers_now(cluster)
-            cluster.close()
+                _close(cluster, timeout=CLOSE_TIMEOUT_INTERRUPTED)
+            else:
+                cluster.close()
         raise
 
 
