@@ -198,7 +198,7 @@ def test_interrupt_while_dask_starts(tmp_path, sig, delay):
 @pytest.mark.parametrize("sig, delay", _cases("submission", 0.0, 0.3))
 def test_interrupt_while_cells_are_submitted(tmp_path, sig, delay):
     out = tmp_path / "o"
-    cmd = Command(["sweep", _spec(tmp_path, 1500), "--out", str(out), "--no-progress", "--workers", "1"], ROOT)
+    cmd = Command(["sweep", _spec(tmp_path, 800), "--out", str(out), "--no-progress", "--workers", "1"], ROOT)
     if not cmd.wait_line("Dask scheduler:"):
         pytest.fail(f"the sweep ended before its cluster started: {cmd.err!r}")
     time.sleep(delay)
