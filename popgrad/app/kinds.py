@@ -464,7 +464,8 @@ def _settle_catformer(cfg, task):
     except ValueError:
         # issue 32: the ways out of the full model (not the reduced model's field or sampled Stage 2)
         what, how = _too_large(task)
-        raise CLIError(f"--model catformer trains on the exact population, which needs {what}: use {how}") from None
+        raise CLIError(f"--model catformer needs the exact population (it trains on every sequence): {what}; "
+                       f"use {how}") from None
     steps = cfg["steps"]
     record_every = cfg.get("record_every") or max(1, steps // 128)
     train = CatFormerTrainConfig(

@@ -180,7 +180,7 @@ def test_negative_seeds_are_named(call):
 # ---------------------------------------------------------------- 5. messages of the right model
 def test_full_model_size_refusal_names_its_own_ways_out(tmp_path, capsys):
     rc, _ = _main("run", "--model", "catformer", "--S", "3", "--T", "17", "--no-progress", "--out", str(tmp_path / "o"))
-    err = _refused(capsys, rc, "--model catformer trains on the exact population")
+    err = _refused(capsys, rc, "--model catformer needs the exact population")
     assert "--max-sequences" in err and "Task(" not in err and "field" not in err and "sampled" not in err, err
 
 

@@ -205,6 +205,8 @@ def test_sigint_early_is_one_line(tmp_path, delay):
     text = err.decode()
     if p.returncode == 0:
         pytest.skip("the run finished before the signal")
+    if "init_import_site" in text:  # Python's fatal error for a signal while `site` runs: before popgrad's code
+        pytest.skip("the signal came while the interpreter itself started (a loaded machine)")
     assert p.returncode == 130 and "Traceback" not in text, text
     assert len(text.strip().splitlines()) == 1
     if "is kept" in text:
