@@ -196,9 +196,24 @@ def _spawn(args, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_default_sigint, **kw)
 
 
-@pytest.mark.parametrize("delay", [0.3, 1.5])
+def _wait_for_popgrad(p, timeout=60.0):
+    """Until the command catches SIGTERM (/proc): popgrad's import guard, its first line, has run."""
+    end = time.monotonic() + timeout
+    while os.path.isdir("/proc/self") and time.monotonic() < end and p.poll() is None:
+        try:
+            with open(f"/proc/{p.pid}/status") as fh:
+                caught = int(next(ln for ln in fh if ln.startswith("SigCgt:")).split()[1], 16)
+        except (OSError, StopIteration, ValueError):
+            caught = 0
+        if caught & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.002)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.3, 1.5])
 def test_sigint_early_is_one_line(tmp_path, delay):
     p = _spawn(["run", "--no-sweep", "--no-progress", "--out", str(tmp_path / "o")])
+    _wait_for_popgrad(p)  # a signal while the interpreter itself starts (`site`) comes before any popgrad code
     time.sleep(delay)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
