@@ -14,6 +14,11 @@
   On an error nothing of the run is left behind except :meth:`OutputDir.keep`
   files (the checkpoint), which are written in place, atomically, so that an
   interrupted run can be resumed.
+
+Input is sized before it is read (issue 32): :func:`read_input_file` refuses what
+is not a regular file (a FIFO, ``/dev/zero``, a folder) without blocking on it and
+a file above its size cap; :func:`memory_limit` is the memory a size guard may
+count on (physical memory, or the process's own limit, ``ulimit -v``, when lower).
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ import numpy as np
 
 from ._signals import deferred
 
-__all__ = ["atomic_path", "atomic_write_text", "atomic_savez", "OutputDir", "OutputDirError", "check_output_dir",
+__all__ = ["InputFileError", "read_input_file", "MAX_INPUT_BYTES", "memory_limit", "atomic_path", "atomic_write_text", "atomic_savez", "OutputDir", "OutputDirError", "check_output_dir",
            "FolderLock", "clear_stale"]
 
 
@@ -37,6 +42,86 @@ def _default_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+#: Largest config file or sweep spec read (a spec of 10,000 cells is well below it).
+MAX_INPUT_BYTES = 16 * 2**20
+
+
+class InputFileError(ValueError):
+    """An input file (``--config``, a sweep spec) that cannot be read; one line naming it and the fix."""
+
+
+def read_input_file(path, what: str, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of the small input file ``path`` (``what`` names it in errors), sized before it is read.
+
+    Opened without blocking (``O_NONBLOCK``: opening a FIFO with no writer does not wait), then
+    refused unless it is a regular file (a FIFO, a character device such as ``/dev/zero``, a socket,
+    a folder) or when larger than ``limit`` bytes; at most ``limit + 1`` bytes are ever read, so a
+    file that grows meanwhile is refused too. Raises :class:`InputFileError` (a ``ValueError``).
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise InputFileError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        import stat as _stat
+
+        if not _stat.S_ISREG(st.st_mode):
+            kind = ("a folder" if _stat.S_ISDIR(st.st_mode) else "a FIFO (named pipe)" if _stat.S_ISFIFO(st.st_mode)
+                    else "a device" if _stat.S_ISCHR(st.st_mode) or _stat.S_ISBLK(st.st_mode)
+                    else "a socket" if _stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            raise InputFileError(f"{what} {path} is {kind}, not a regular file: give the path of a TOML file")
+        if st.st_size > limit:
+            raise InputFileError(f"{what} {path} is {_size_text(st.st_size)}, above the {_size_text(limit)} a "
+                                 f"{what} may have: give a TOML file of the settings (did you mean another file?)")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as exc:
+        raise InputFileError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if total > limit:
+        raise InputFileError(f"{what} {path} grew above the {_size_text(limit)} a {what} may have while it was read")
+    return b"".join(chunks)
+
+
+def _size_text(n: float) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} bytes"
+
+
+def memory_limit() -> int | None:
+    """Bytes of memory this process may use: physical memory, or its address-space limit
+    (``RLIMIT_AS``, ``ulimit -v``) or data limit (``RLIMIT_DATA``) when lower; ``None`` where unknown."""
+    found = []
+    try:
+        found.append(int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES")))
+    except (ValueError, OSError, AttributeError):
+        pass
+    try:
+        import resource
+
+        for lim in (resource.RLIMIT_AS, getattr(resource, "RLIMIT_DATA", None)):
+            if lim is None:
+                continue
+            soft = resource.getrlimit(lim)[0]
+            if soft != resource.RLIM_INFINITY and soft > 0:
+                found.append(int(soft))
+    except (ImportError, ValueError, OSError):
+        pass
+    return min(found) if found else None
 
 
 @contextmanager
@@ -113,13 +198,14 @@ def _describe(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def check_output_dir(path, flag: str = "--out", names=()) -> str:
+def check_output_dir(path, flag: str = "--out", names=(), folders=()) -> str:
     """Validate an output folder path *without writing anything*; returns it as a ``str``.
 
     Refuses an empty path, a path whose folder or any parent is a regular
     file, a dangling symbolic link, and a folder (or its first existing
     parent) that is not writable, and a folder standing where one of the
-    files ``names`` goes, each with an :class:`OutputDirError` naming ``flag``.
+    files ``names`` goes or anything but a folder where one of ``folders`` goes (``touch out/cells``),
+    each with an :class:`OutputDirError` naming ``flag``.
     """
     if not isinstance(path, (str, os.PathLike)):
         raise OutputDirError(f"{flag} must be a folder path, got {path!r}")
@@ -144,6 +230,11 @@ def check_output_dir(path, flag: str = "--out", names=()) -> str:
     if not os.access(probe, os.W_OK | os.X_OK):
         raise OutputDirError(f"{flag} {path}: {probe} is not writable: choose another {flag}")
     _check_targets(path, names, flag)
+    for name in folders:
+        target = os.path.join(path, name)
+        if os.path.lexists(target) and not os.path.isdir(target):
+            raise OutputDirError(f"{flag} {path}: {target} is a file where popgrad keeps its {name}/ folder: "
+                                 f"remove it or choose another {flag}")
     return path
 
 
@@ -177,11 +268,22 @@ def _pid_alive(pid: int, start=None) -> bool:
         pass
     except OSError:
         return False
+    if _is_zombie(pid):  # ended (a killed worker not yet reaped by its parent): its lock is stale
+        return False
     if start is not None:
         now = _process_start(pid)
         if now is not None and now != start:
             return False  # the PID now belongs to another process
     return True
+
+
+def _is_zombie(pid: int) -> bool:
+    """Whether ``pid`` has ended and waits to be reaped (state ``Z``/``X`` in Linux ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def _owner_tag() -> str:

@@ -22,8 +22,10 @@ as it was. What this module offers:
 * :func:`deferred` -- delay SIGINT / SIGTERM while a block runs (the renames of
   :class:`popgrad._io.OutputDir`); installs handlers only for the block.
 * :func:`shield_children` -- start child processes (a Dask ``LocalCluster``'s
-  workers) with SIGINT blocked: a Ctrl-C at the terminal, sent to the whole
-  process group, reaches only the command, which then closes its workers.
+  workers) with SIGINT blocked, and :data:`CHILD_FLAG` in the command's
+  environment: its multiprocessing children ignore SIGINT from their first
+  import of popgrad on. A Ctrl-C at the terminal, sent to the whole process
+  group, reaches only the command, which then ends its workers.
 * :func:`say` -- ``print`` that survives a closed pipe (``popgrad ... | head -1``).
 """
 from __future__ import annotations
@@ -32,13 +34,14 @@ import os
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 
 __all__ = ["Terminated", "install_import_guard", "is_cli_process", "cli_session", "deferred", "shield_children",
            "say", "sigint_seen"]
 
 _CLI_MODULES = ("popgrad.app.cli", "popgrad")
-_STATE = {"guard": False, "session": False, "sigint": False}
+_STATE = {"guard": False, "session": False, "sigint": False, "sigterm": False, "resend": False}
 
 
 class Terminated(BaseException):
@@ -66,12 +69,42 @@ def _on_sigint(signum, frame):
     raise KeyboardInterrupt
 
 
+#: Seconds after which a ``KeyboardInterrupt`` swallowed as "unraisable" is raised again in the main thread.
+RESEND_DELAY = 0.05
+
+
+def _resend(sig) -> None:
+    """``sig`` (SIGINT or SIGTERM) to the main thread, from a helper thread once the unraisable hook has returned.
+
+    Sending it from inside the hook (``os.kill``) runs the handler *in the hook*, where the new
+    ``KeyboardInterrupt`` is swallowed again: the interrupt was lost (issue 32). The helper thread
+    waits until the hook is done; ``pthread_kill`` targets the main thread, so a blocking call
+    there (a lock, a ``select``) is interrupted too.
+    """
+    def later():
+        time.sleep(RESEND_DELAY)
+        try:
+            signal.pthread_kill(threading.main_thread().ident, sig)
+        except (OSError, ValueError, AttributeError):
+            try:
+                os.kill(os.getpid(), sig)
+            except OSError:
+                pass
+        finally:
+            _STATE["resend"] = False
+
+    if _STATE.get("resend"):  # one re-send is already on its way
+        return
+    _STATE["resend"] = True
+    threading.Thread(target=later, name="popgrad-resend-sigint", daemon=True).start()
+
+
 def _unraisable(unraisable, _previous=sys.unraisablehook):
     """A ``KeyboardInterrupt`` raised where Python cannot propagate it (a weakref callback of the import
-    system, a ``__del__``): no "Exception ignored" traceback; the signal is sent again, so the
-    interrupt reaches the command's own code at its next step."""
-    if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):
-        os.kill(os.getpid(), signal.SIGINT)
+    system, a ``__del__``): no "Exception ignored" traceback; the signal is sent again once this hook
+    has returned (:func:`_resend`); SIGTERM's :class:`Terminated` likewise, so the interrupt reaches the command's own code."""
+    if unraisable.exc_type is not None and issubclass(unraisable.exc_type, (KeyboardInterrupt, Terminated)):
+        _resend(signal.SIGINT if issubclass(unraisable.exc_type, KeyboardInterrupt) else signal.SIGTERM)
         return
     _previous(unraisable)
 
@@ -82,22 +115,66 @@ def sigint_seen() -> bool:
 
 
 def _import_hook(exc_type, exc, tb, _previous=sys.excepthook):
+    terminated = issubclass(exc_type, Terminated) or _STATE.get("sigterm", False)
     interrupted = issubclass(exc_type, KeyboardInterrupt) or _STATE["sigint"]
-    if interrupted and _STATE["guard"] and not _STATE["session"]:
-        sys.stderr.write("popgrad: interrupted (nothing was written)\n")
+    if (interrupted or terminated) and _STATE["guard"] and not _STATE["session"]:
+        what, code = ("terminated", 143) if terminated and not issubclass(exc_type, KeyboardInterrupt) \
+            else ("interrupted", 130)
+        sys.stderr.write(f"popgrad: {what} (nothing was written)\n")
         sys.stderr.flush()
-        os._exit(130)
+        os._exit(code)
     _previous(exc_type, exc, tb)
 
 
+def _on_sigterm_importing(signum, frame):
+    """SIGTERM while the command still imports: :class:`Terminated` (one line and 143 from
+    :func:`_import_hook`), not the default kill (exit -15 with nothing said)."""
+    _STATE["sigterm"] = True
+    raise Terminated()
+
+
+#: Set in the environment of the ``popgrad`` command for its session: a multiprocessing child (a Dask
+#: worker of its LocalCluster) that sees it ignores SIGINT from its first import of popgrad on.
+CHILD_FLAG = "POPGRAD_COMMAND_CHILD"
+
+
+def _is_multiprocessing_child() -> bool:
+    return any("multiprocessing" in a for a in (getattr(sys, "orig_argv", None) or sys.argv))
+
+
+def _ignore_sigint_in_child() -> None:
+    """A worker process of the command ignores SIGINT: a terminal's Ctrl-C reaches the whole process
+    group, and the command closes its workers itself (no worker tracebacks, no half-written cells).
+
+    The signal mask of :func:`shield_children` is not enough: the spawned workers start with an empty
+    mask (``fork_exec`` resets it). This runs when the worker imports popgrad, which it does first
+    (a spawned child re-imports the command's main module), and ``SIG_IGN`` also keeps asyncio from
+    installing its own SIGINT handler in the worker's event loop.
+    """
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except (ValueError, OSError):  # not the main thread
+        pass
+
+
 def install_import_guard() -> None:
-    """In the ``popgrad`` command only (:func:`is_cli_process`): a Ctrl-C during its imports is one line, 130."""
+    """In the ``popgrad`` command only (:func:`is_cli_process`): a Ctrl-C during its imports is one line, 130.
+
+    In a multiprocessing child of the command (its Dask workers; :data:`CHILD_FLAG`): SIGINT ignored."""
+    if os.environ.get(CHILD_FLAG) == "1" and _is_multiprocessing_child():
+        _ignore_sigint_in_child()
+        return
     if not _STATE["guard"] and is_cli_process() and sys.excepthook is sys.__excepthook__:
         sys.excepthook = _import_hook
         _STATE["guard"] = True
         try:
             if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when SIGINT is ignored
                 signal.signal(signal.SIGINT, _on_sigint)
+                if sys.unraisablehook is sys.__unraisablehook__:
+                    sys.unraisablehook = _unraisable
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # not when SIGTERM is ignored or handled
+                signal.signal(signal.SIGTERM, _on_sigterm_importing)
                 if sys.unraisablehook is sys.__unraisablehook__:
                     sys.unraisablehook = _unraisable
         except (ValueError, OSError):  # not the main thread
@@ -117,12 +194,22 @@ def cli_session():
             old = signal.signal(signal.SIGTERM, _raise_terminated)
         except (ValueError, OSError):
             old = None
+    hook = sys.unraisablehook
+    if old is not None and hook is sys.__unraisablehook__:
+        sys.unraisablehook = _unraisable  # a Terminated raised in a __del__ is sent again, not lost
+    flag = os.environ.get(CHILD_FLAG)
+    os.environ[CHILD_FLAG] = "1"  # the command's worker processes ignore a terminal's Ctrl-C
     _STATE["session"] = True
     try:
         yield
     finally:
+        if flag is None:
+            os.environ.pop(CHILD_FLAG, None)
+        else:
+            os.environ[CHILD_FLAG] = flag
         if old is not None:
             signal.signal(signal.SIGTERM, old)
+            sys.unraisablehook = hook
 
 
 @contextmanager

@@ -23,11 +23,15 @@ __all__ = [
     "as_int",
     "as_real",
     "as_eps",
+    "as_bool",
+    "as_permutation",
+    "as_rng",
     "as_square",
     "as_heads",
     "as_seqs",
     "is_int",
     "warn_inf",
+    "count_text",
 ]
 
 
@@ -73,12 +77,48 @@ def as_real(x, name: str, minimum: float | None = None, strict: bool = False, hi
     return v
 
 
+def as_bool(x, name: str) -> bool:
+    """``x`` when it is a bool (Python or NumPy); a string such as ``"False"`` is refused, not read as true."""
+    if not isinstance(x, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name} must be True or False, got {x!r}")
+    return bool(x)
+
+
+def as_permutation(perm, n: int, name: str = "perm") -> np.ndarray:
+    """``perm`` as an int64 array holding each of ``0 .. n-1`` exactly once (a relabeling of ``n`` tokens)."""
+    arr = np.asarray(perm)
+    if arr.dtype.kind not in "iu" and not (arr.dtype.kind == "O" and all(is_int(x) for x in arr.ravel())):
+        raise ArgumentTypeError(f"{name} must be a permutation of 0..{n - 1} (integers), got {perm!r}")
+    arr = arr.astype(np.int64)
+    if arr.shape != (n,) or not np.array_equal(np.sort(arr), np.arange(n)):
+        raise ValueError(f"{name} must be a permutation of 0..{n - 1} (each token exactly once), got "
+                         f"{arr.tolist() if arr.size <= 20 else arr.shape}")
+    return arr
+
+
+def as_rng(seed, name: str = "seed") -> np.random.Generator:
+    """``numpy.random.default_rng(seed)`` after checking ``seed``: ``None``, an integer ``>= 0`` (or a
+    sequence of them), or a NumPy ``Generator`` / ``SeedSequence`` / ``BitGenerator``; the error names
+    ``name`` (NumPy's own message does not)."""
+    if seed is None or isinstance(seed, (np.random.Generator, np.random.SeedSequence, np.random.BitGenerator)):
+        return np.random.default_rng(seed)
+    if is_int(seed):
+        if seed < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {int(seed)}")
+        return np.random.default_rng(int(seed))
+    if isinstance(seed, (list, tuple, np.ndarray)) and all(is_int(x) for x in np.ravel(np.asarray(seed, dtype=object))):
+        if any(int(x) < 0 for x in np.ravel(np.asarray(seed, dtype=object))):
+            raise ValueError(f"{name} must hold integers >= 0, got {seed!r}")
+        return np.random.default_rng(seed)
+    raise ArgumentTypeError(f"{name} must be an integer >= 0 (or None), got {seed!r}")
+
+
 def as_eps(task, eps) -> float:
     """The loss perturbation: ``task.default_eps`` (``T_eff**-0.5``) for ``None``, else a finite number ``>= 0``."""
     if eps is None:
         return float(task.default_eps)
     msg = f"eps must be a finite number >= 0 (or None for T_eff**-0.5), got {eps!r}"
-    if isinstance(eps, (bool, np.bool_)):
+    if isinstance(eps, (bool, np.bool_, str, bytes)):
         raise ArgumentTypeError(msg)
     try:
         v = float(eps)
@@ -157,3 +197,12 @@ def warn_inf(where: str) -> None:
         RuntimeWarning,
         stacklevel=level,
     )
+
+
+def count_text(n: int) -> str:
+    """An integer for a message: ``"59,049"``, or ``"about 10^4932"`` from 10**15 on (never ``str`` of a
+    huge integer: Python refuses more than 4300 digits, and nobody reads them)."""
+    n = int(n)
+    if abs(n) < 10**15:
+        return f"{n:,}"
+    return f"about 10^{math.log10(abs(n)):.0f}"

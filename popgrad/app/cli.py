@@ -74,7 +74,7 @@ def _add_task_flags(p):
 
 def _add_scheduler_flags(p, help_text):
     p.add_argument("--scheduler", metavar="ADDRESS", help=help_text)
-    p.add_argument("--worker-timeout", dest="worker_timeout", type=_seconds, default=60.0, metavar="SECONDS",
+    p.add_argument("--worker-timeout", dest="worker_timeout", type=_seconds, default=None, metavar="SECONDS",
                    help="with --scheduler: how long to wait for a first worker before giving up (default 60)")
 
 
@@ -170,6 +170,13 @@ def main(argv=None) -> int:
 
 
 def _command(args) -> int:
+    if hasattr(args, "worker_timeout"):  # issue 32: never ignored silently
+        if args.worker_timeout is not None and not args.scheduler:
+            print("popgrad: error: --worker-timeout only applies with --scheduler (how long to wait for its first "
+                  "worker): drop it, or add --scheduler ADDRESS", file=sys.stderr)
+            return 2
+        if args.worker_timeout is None:
+            args.worker_timeout = 60.0
     if args.command == "sweep":
         from .sweep import main_sweep  # imports Dask: only for this command
 

@@ -17,6 +17,7 @@ defaults (defined in their modules). ``popgrad run`` (:mod:`popgrad.app.cli`) an
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -29,6 +30,7 @@ from .kinds import KINDS, RunConfig, flags, kind_of, models
 from .kinds.catformer import CATFORMER_DEFAULTS
 from .kinds.reduced_k_head import MULTI_PARENT_DEFAULTS
 from .kinds.reduced_single import DEFAULTS
+from .._validation import ArgumentTypeError
 from .settings import CLIError, CLITypeError, Flag, flag_name
 from .tasks import (MAX_S, MAX_T, MULTI_PARENT_GRAPHS, MULTI_PARENT_TASK_DEFAULTS, RUN_FLAGS, TASK_FLAGS,
                     check_conflicts, parse_parents)
@@ -69,6 +71,21 @@ MODELS = _Registry(lambda: {m: m for m in models()})
 #: checked ``> minimum`` when strict, else ``>= minimum``. Built from the :class:`~popgrad.app.settings.Flag` s.
 ARG_SPECS = _Registry(lambda: {f.key: f.spec for f in flags()})
 
+#: Largest integer each key takes (issue 32: counts are refused before anything is sized by them);
+#: any other integer key at most :data:`MAX_INT` (an int64).
+MAX_INT = 2**63 - 1
+MAX_STEPS = 10**9
+MAX_ATOMS = 100_000
+ARG_MAXIMA = {"steps1": MAX_STEPS, "steps2": MAX_STEPS, "steps": MAX_STEPS, "record_every": MAX_STEPS,
+              "checkpoint_every": MAX_STEPS, "atoms": MAX_ATOMS, "n": 64}
+#: Largest value of a real key (``init_scale``: logits of ``scale·N(0,1)`` beyond it saturate every softmax,
+#: and at 1e308 the start itself overflows).
+REAL_MAXIMA = {"init_scale": 1e3}
+#: Why a key has its maximum (appended to the refusal).
+_MAX_WHY = {"atoms": "the prior's draws are held in memory and every step sums over them: use fewer --atoms",
+            "init_scale": "attention logits of init_scale*N(0,1) saturate every softmax; the official two-parent "
+                          "start is 1e-4"}
+
 #: Options of a command that are not config keys (never in a config file or a sweep spec).
 OPTION_FLAGS = (Flag("workers", "int", 1),)
 OPTION_SPECS = {f.key: f.spec for f in OPTION_FLAGS}
@@ -81,20 +98,89 @@ def _flag(key) -> Flag:
     raise KeyError(key)
 
 
-def check_value(key, value):
-    """``value`` converted and range-checked for config key ``key`` (:meth:`popgrad.app.settings.Flag.check`).
+def _want(key) -> str:
+    """What a value of ``key`` must be, as the errors say it, with its maximum (issue 32)."""
+    flag = _flag(key)
+    top = ARG_MAXIMA.get(key) if flag.kind == "int" else REAL_MAXIMA.get(key) if flag.kind == "real" else None
+    if top is None:
+        return flag.want()
+    return flag.want() + (f" and <= {top:,}" if flag.kind == "int" else f" and <= {top:g}")
 
-    Accepts the strings of the command line and the typed values of a config file or sweep spec.
-    Raises :class:`popgrad._validation.ArgumentTypeError` (a ``TypeError``, also a ``ValueError``) for a
-    value of the wrong kind and ``ValueError`` for one out of range, both ``"expected ..., got ..."``.
+
+def _canonical_heads(value, text):
+    """``heads`` in one spelling: ``"1, 1"``, ``"01,1"`` and TOML ``[1, 1]`` are all ``"1,1"`` (one sweep cell)."""
+    if isinstance(value, (list, tuple)):
+        parts = list(value)
+        if not all(isinstance(p, int) and not isinstance(p, bool) for p in parts):
+            raise ArgumentTypeError(text)
+    elif isinstance(value, str):
+        parts = [p.strip() for p in value.split(",")]
+        if not all(p.isdigit() and len(p) <= 64 for p in parts):
+            return value  # not a list of head counts: refused by --heads' own parser, with its message
+        parts = [int(p) for p in parts]
+    else:
+        raise ArgumentTypeError(text)
+    if not parts or any(p < 1 for p in parts):
+        if isinstance(value, str):
+            return value  # refused by --heads' own parser
+        raise ValueError(text)
+    return ",".join(str(p) for p in parts)
+
+
+#: Keys whose value has one canonical spelling (so equal settings are equal cells and equal configs).
+_CANONICAL = {"heads": (_canonical_heads, "head counts per layer, each >= 1, e.g. 2,1 (or [2, 1] in TOML)")}
+#: Integer keys where some values inside the range mean nothing: key -> (refused values, what to say).
+_REFUSED = {"samples": ({1}, "0 (chosen from a pilot sample) or >= 2 (a standard error needs two draws)")}
+
+
+def check_value(key, value, typed: bool = False):
+    """``value`` converted and range-checked for config key ``key`` (:meth:`popgrad.app.settings.Flag.check`,
+    then the maxima of issue 32).
+
+    Accepts the strings of the command line and, with ``typed`` (a config file or sweep spec), the
+    typed values of TOML: there a number or a bool written as a string (``lr = "0.1"``) is refused
+    like any other wrong type. Raises :class:`popgrad._validation.ArgumentTypeError`
+    (a ``TypeError``, also a ``ValueError``) for a value of the wrong kind and
+    ``ValueError`` for one out of range, both ``"expected ..., got ..."``.
     """
-    return _flag(key).check(value)
+    flag = _flag(key)
+    if key in _CANONICAL:
+        fn, what = _CANONICAL[key]
+        return fn(value, f"expected {what}, got {_shown(value)}")
+    text = f"expected {_want(key)}, got {_shown(value)}"
+    if typed and flag.kind != "str" and isinstance(value, str):
+        raise ArgumentTypeError(f"{text} (a string: write the value without quotes)")
+    if flag.kind in ("int", "real") and isinstance(value, str) and len(value) > 64:
+        # no number popgrad takes is this long; never parse 4300-digit strings
+        raise (ValueError if value.strip().lstrip("+-").isdigit() else ArgumentTypeError)(text)
+    try:
+        value = flag.check(value)
+    except ArgumentTypeError:
+        raise ArgumentTypeError(text) from None
+    except ValueError:
+        raise ValueError(text) from None
+    if flag.kind in ("int", "real"):
+        top = ARG_MAXIMA.get(key, MAX_INT) if flag.kind == "int" else REAL_MAXIMA.get(key, math.inf)
+        if value > top:
+            why = _MAX_WHY.get(key)
+            raise ValueError(text + (f" ({why})" if why else ""))
+    if key in _REFUSED and value in _REFUSED[key][0]:
+        raise ValueError(f"expected {_REFUSED[key][1]}, got {_shown(value)}")
+    return value
 
 
-def checked(key, value, where: str):
+def _shown(value) -> str:
+    """``repr(value)``, shortened when long (a 5,000-digit integer is named by its size)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
+
+
+def checked(key, value, where: str, typed: bool = False):
     """:func:`check_value` with the error as one :class:`CLIError` line ``"{where}: {key}: expected ..."``."""
     try:
-        return check_value(key, value)
+        return check_value(key, value, typed)
     except TypeError as exc:
         raise CLITypeError(f"{where}: {key}: {exc}") from None
     except ValueError as exc:
@@ -103,11 +189,12 @@ def checked(key, value, where: str):
 
 def load_toml(path, what: str) -> dict:
     """A TOML file as a dict; every problem one :class:`CLIError` line naming ``what`` and ``path``."""
+    from .._io import read_input_file  # sized before it is read: no FIFO, /dev/zero or huge file
+
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        raise CLIError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+        raw = read_input_file(path, what)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
     if raw[:2] in (b"\xff\xfe", b"\xfe\xff") or raw[:3] == b"\xef\xbb\xbf":
         enc = "UTF-8 with a byte-order mark" if raw[:3] == b"\xef\xbb\xbf" else "UTF-16"
         raise CLIError(f"{what} {path} is {enc} text: save it as UTF-8 (without a byte-order mark)")
@@ -128,7 +215,7 @@ def load_config_file(path) -> dict:
     for key, value in data.items():
         if key not in ARG_SPECS:
             raise CLIError(f"config file {path}: unknown key {key!r} (known: {', '.join(sorted(ARG_SPECS))})")
-        out[key] = checked(key, value, f"config file {path}")
+        out[key] = checked(key, value, f"config file {path}", typed=True)
     return out
 
 
@@ -151,6 +238,7 @@ def merge(values: Mapping, given=None) -> dict:
     cfg.update({k: v for k, v in values.items() if k != "model" or "model" in kind.defaults})
     cfg.update({k: v for k, v in kind.graph_defaults(cfg).items() if k not in given})
     check_conflicts(cfg, given)
+    kind.check_conflicts(cfg, given)
     return cfg
 
 

@@ -184,7 +184,7 @@ def run(cfg, resume: bool = False, progress: bool = True, log=print, figures: bo
         traj = kind.train(rc, checkpoint_path=ckpt, checkpoint_every=rc["checkpoint_every"], resume=resume,
                           progress=progress, client=client)
         t_train = time.perf_counter() - t0
-        log(f"training: {traj.status} after step {int(traj.step[-1])} in {t_train:.1f} s {traj.message}".rstrip())
+        log(f"training: {traj.status} after step {int(traj.step[-1]) if len(traj.step) else 0} in {t_train:.1f} s {traj.message}".rstrip())
         diverged = traj.status != "completed"
         refs, objective = kind.references(rc, traj, not diverged)
         results, extra = _checks_diverged(traj, kind.check_names) if diverged else kind.checks(rc, traj, refs,

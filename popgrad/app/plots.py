@@ -125,14 +125,29 @@ def plot_loss(trajectory, references: dict, path, context: str = "") -> None:
         se = f" ± {v['se']:.1g}" if kind == "sampled" and v.get("se") is not None else ""
         if isinstance(v, dict) and "smoothing" in v:  # the full model's count estimator: (f + ε)/(1 + Sε)
             label = label.replace(tag, "") + f" (smoothed, ε = {v['smoothing']:.3g})"
-        ax.axhline(value, ls="-" if key == "L_floor_eps" else "--", lw=1.0 if key == "L_floor_eps" else 1.2,
-                   color=color, label=f"{label} = {value:.4f}{se} ({kind})")
+        floor = key == "L_floor_eps"  # wide and on top, so that a reference equal to it does not hide it
+        ax.axhline(value, ls="-" if floor else "--", lw=3.0 if floor else 1.2, alpha=0.5 if floor else 1.0,
+                   zorder=3 if floor else 2, color=color, label=f"{label} = {value:.4f}{se} ({kind})")
     s1 = getattr(trajectory.config, "steps1", 0)
     if getattr(trajectory.config, "schedule", "") == "two-stage" and 0 < s1 < trajectory.step[-1]:
         ax.axvline(s1, color="grey", lw=0.8, ls=":", label="end of Stage 1")
     ax.set_xlabel("step")
     _integer_axis(ax.xaxis)
-    ax.set_ylabel("population loss (perturbed, ε inside the log)")
+    ax.set_ylabel("population loss (cross-entropy, ε = 0)" if eps == 0 else
+                  "population loss (perturbed, ε inside the log)" if eps is None else
+                  f"population loss (perturbed, ε = {eps:.3g} inside the log)")
+    if getattr(trajectory, "status", "completed") == "diverged" and ok.any():
+        last = int(trajectory.step[ok][-1])
+        top = float(np.max(trajectory.loss[ok]))
+        ax.axvline(last, color="tab:red", lw=1.0, ls="-.",
+                   label=f"diverged (last finite loss: step {last}; largest loss {top:.3g})")
+        vals = trajectory.loss[ok]
+        refs = [r.get("value") if isinstance(r, dict) else r for k, r in references.items() if k != "eps"]
+        low = min([float(vals.min())] + [float(r) for r in refs if isinstance(r, (int, float)) and np.isfinite(r)])
+        if low > 0 and vals.max() / low > 1e3:  # a blow-up to 1e294 on a linear axis shows nothing else
+            with np.errstate(over="ignore"):  # matplotlib's autoscale margin near 1e300
+                ax.set_yscale("log")
+                ax.set_ylim(low / 1.25, min(float(vals.max()) * 1.25, 1e100))  # above: off the axis (see label)
     notes = []
     if ok.any() and trajectory.step[ok][0] > trajectory.step[0]:
         notes.append(f"no loss before step {int(trajectory.step[ok][0])}: Stage 1 used the "

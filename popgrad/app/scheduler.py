@@ -11,12 +11,16 @@ from .config import CLIError
 __all__ = ["HANDSHAKE_TIMEOUT", "check_scheduler_address", "probe_tcp", "connect_scheduler"]
 
 
+#: Protocols of ``--scheduler`` popgrad connects with (checked before anything is written; issue 32).
+SUPPORTED_SCHEMES = ("tcp",)
+
 #: Seconds a Dask scheduler has to send its handshake after the TCP connection is accepted (it sends it at once).
 HANDSHAKE_TIMEOUT = 5.0
 
 
 def check_scheduler_address(address) -> str:
-    """A Dask scheduler address (``tcp://HOST:PORT``, ``HOST:PORT``, ``tls://...``), or a one-line error."""
+    """A Dask scheduler address (``tcp://HOST:PORT`` or ``HOST:PORT``), or a one-line error (``tls://``, ``ucx://``
+    and the other protocols of Dask are refused with the reason)."""
     if not isinstance(address, str) or not address.strip():
         raise CLIError(f"--scheduler {address!r} is empty: give an address such as tcp://127.0.0.1:8786")
     from distributed.comm.addressing import parse_address, parse_host_port
@@ -32,6 +36,13 @@ def check_scheduler_address(address) -> str:
     except (ValueError, TypeError) as exc:
         raise CLIError(f"--scheduler {address!r} is not a Dask scheduler address ({_first_line(exc)}): "
                        "use tcp://HOST:PORT, e.g. tcp://127.0.0.1:8786") from None
+    if scheme not in SUPPORTED_SCHEMES:
+        why = {"tls": "it needs certificates (a dask Security object), which popgrad does not take",
+               "wss": "it needs certificates (a dask Security object), which popgrad does not take",
+               "ucx": "it needs the UCX libraries (ucx-py) and their configuration",
+               "inproc": "it only reaches a scheduler inside this same process"}.get(scheme, "popgrad does not use it")
+        raise CLIError(f"--scheduler {address!r}: the {scheme}:// protocol is not supported ({why}): "
+                       "start the scheduler on tcp:// and give tcp://HOST:PORT")
     return address
 
 

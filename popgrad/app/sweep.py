@@ -39,7 +39,7 @@ Outputs in ``DIR``:
 
 * ``cells/<cell-id>/``: the cell's ``report.json``, ``report.md``,
   ``trajectory.npz`` (and ``checkpoint.npz``; figures only with ``--figures``),
-  ``log.txt``; ``error.txt`` (traceback) if the cell failed. Every file is
+  ``log.txt``; ``cell.json`` (time and host of the cell, for a resumed row); ``error.txt`` (traceback) if the cell failed. Every file is
   written atomically (:mod:`popgrad._io`).
 * ``results.csv``: one row per finished cell, in the spec's cell order:
   ``cell`` (index), ``cell_id``, every config key, ``status`` (``ok`` /
@@ -100,9 +100,11 @@ import logging
 import math
 import os
 import platform
+import signal
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Mapping
 
 from .._io import FolderLock, atomic_path, atomic_write_text, check_output_dir, clear_stale
@@ -118,6 +120,10 @@ __all__ = ["sweep", "load_spec", "expand", "cell_id", "run_cell", "summary_row",
 SECTIONS = ("fixed", "axes", "cells")
 NOT_IN_SWEEP = ("out", "resume")
 CONFIG_KEYS = tuple(k for k in DEFAULTS if k != "out")
+#: Keys every row has even when a cell's config leaves them out.
+MODEL_COLUMN_KEYS = ("model",)
+#: Per-cell facts of the run that the report does not hold, kept beside it so a resumed row has them too.
+CELL_FACTS = "cell.json"
 REPORT_KEYS = ("config", "versions", "task", "references", "trajectory", "checks", "all_passed")
 FIRST_COLUMNS = ("cell", "cell_id", *CONFIG_KEYS, "status", "error", "resumed")
 
@@ -143,7 +149,7 @@ def _value(key, value, where: str):
     if key not in ARG_SPECS:
         known = ", ".join(k for k in sorted(ARG_SPECS) if k not in NOT_IN_SWEEP)
         raise CLIError(f"{where}: unknown key {key!r} (known: {known})")
-    return checked(key, value, where)
+    return checked(key, value, where, typed=True)
 
 
 def cell_id(cfg: dict) -> str:
@@ -247,6 +253,8 @@ def summary_row(cfg: dict, report: dict | None = None, error: str = "", versions
     """The flat results row of one cell: config, status, checks, references, timings, versions."""
     row = {"cell_id": cell_id(cfg), **{k: cfg.get(k) for k in CONFIG_KEYS},  # --model catformer: its own keys
            **{k: v for k, v in cfg.items() if k not in CONFIG_KEYS and k != "out"}}
+    if "model" in MODEL_COLUMN_KEYS:
+        row["model"] = cfg.get("model", "reduced")  # a reduced row of a mixed spec says so (not NaN)
     row["status"] = "ok" if report is not None else "failed"
     row["error"] = "" if report is not None else error
     if report is not None:
@@ -317,6 +325,9 @@ def run_cell(cfg: dict, cell_dir: str, figures: bool = False, log=None) -> dict:
     row["host"] = platform.node()
     try:  # best effort: the report is what counts
         atomic_write_text(os.path.join(cell_dir, "log.txt"), "\n".join(lines) + "\n")
+        if report is not None:
+            atomic_write_text(os.path.join(cell_dir, CELL_FACTS),
+                              json.dumps({"time_cell_s": row["time_cell_s"], "host": row["host"]}) + "\n")
         err = os.path.join(cell_dir, "error.txt")
         if report is None:
             atomic_write_text(err, lines[-1])
@@ -361,6 +372,13 @@ def cached_row(cell_dir: str, cfg: dict) -> dict | None:
         return None
     if not isinstance(row.get("run_status"), str) or not isinstance(row.get("all_passed"), (bool, type(None))):
         return None
+    try:  # the cell's time and host, as the first run's row had them (issue 32)
+        with open(os.path.join(cell_dir, CELL_FACTS), encoding="utf-8") as fh:
+            facts = json.load(fh)
+        if isinstance(facts, dict):
+            row.update({k: facts[k] for k in ("time_cell_s", "host") if k in facts})
+    except (OSError, ValueError):
+        pass
     return row
 
 
@@ -418,15 +436,64 @@ def _start_client(scheduler, workers, n_cells, worker_timeout, log):
     from ..engine.distributed import worker_env
 
     n = max(1, min(workers or os.cpu_count() or 1, n_cells))
-    with shield_children():  # a terminal Ctrl-C reaches this process only; it closes the workers
-        # Dask's warnings of an orderly shutdown (cancelled cells, a busy worker killed) are not the user's news
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, env=worker_env(),
-                               silence_logs=logging.ERROR)
+    cluster = None
     try:
+        with shield_children(), warnings.catch_warnings():  # a terminal Ctrl-C reaches this process only
+            # Dask's warnings of an orderly shutdown (cancelled cells, a busy worker killed) are not the user's
+            # news, nor is a dashboard on another port than 8787 (the log line gives its address)
+            warnings.filterwarnings("ignore", message=r"Port \d+ is already in use")
+            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, env=worker_env(),
+                                   silence_logs=logging.ERROR)
         return Client(cluster), cluster
-    except BaseException:
-        cluster.close()
+    except BaseException as exc:  # a Ctrl-C held back while the cluster started is delivered here
+        if cluster is not None:
+            if isinstance(exc, (KeyboardInterrupt, Terminated)):
+                _stop_workers_now(cluster)
+                _close(cluster, timeout=CLOSE_TIMEOUT_INTERRUPTED)
+            else:
+                cluster.close()
         raise
+
+
+#: Seconds Dask gets to close our client and cluster after an interrupt (the promise is an exit within 2 s).
+CLOSE_TIMEOUT_INTERRUPTED = 0.5
+
+
+def _close(obj, timeout=None) -> None:
+    """``obj.close()``; with a ``timeout`` (after an interrupt) bounded and quiet."""
+    if timeout is None:
+        obj.close()
+        return
+    try:
+        obj.close(timeout=timeout)
+    except Exception:  # a TimeoutError of the bounded close: the process ends right after
+        pass
+
+
+def _stop_workers_now(cluster) -> None:
+    """End the worker processes of our own ``LocalCluster`` at once (SIGKILL), so that an interrupt acts
+    within a second instead of waiting for Dask's orderly close of busy workers; what their cells
+    left (staging folders, locks) is removed by :func:`popgrad._io.clear_stale` afterwards."""
+    if cluster is None:
+        return
+    try:
+        from distributed.core import Status
+
+        closing = Status.closing
+    except ImportError:  # pragma: no cover - Dask is a dependency of the sweep
+        closing = None
+    for nanny in list(getattr(cluster, "workers", {}).values()):
+        try:
+            if closing is not None:
+                nanny.status = closing  # the Nanny must not start a new worker when this one dies
+            pid = nanny.pid
+        except Exception:
+            pid = None
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:  # already gone
+                pass
 
 
 def _dashboard(client) -> str:
@@ -467,7 +534,7 @@ def sweep(spec, client=None, out: str = "sweep_out", *, scheduler: str | None = 
     """
     spec_dict = spec if isinstance(spec, Mapping) else load_spec(spec)
     cells = expand(spec_dict, log=log)
-    out = check_output_dir(out, "--out", ("results.csv",))
+    out = check_output_dir(out, "--out", ("results.csv",), folders=("cells",))
     workers = check_workers(workers)
     if scheduler is not None:
         scheduler = check_scheduler_address(scheduler)
@@ -484,11 +551,26 @@ def sweep(spec, client=None, out: str = "sweep_out", *, scheduler: str | None = 
     cells_dir = os.path.join(root, "cells")
     csv_path = os.path.join(root, "results.csv")
 
+    own = client is None
+    if scheduler is not None:  # refused (one line) before anything is written: no header-only results.csv
+        client = connect_scheduler(scheduler, worker_timeout, log)
+    try:
+        return _sweep_into(cells, root, out, client, own, workers, worker_timeout, figures, progress, retries, log,
+                           cell_fn, cells_dir, csv_path)
+    finally:
+        if own and client is not None:
+            client.close()
+
+
+def _sweep_into(cells, root, out, client, own, workers, worker_timeout, figures, progress, retries, log, cell_fn,
+                cells_dir, csv_path):
     os.makedirs(root, exist_ok=True)
     with FolderLock(root, "--out"):
         rows, todo = {}, []
         for i, (cid, cfg) in enumerate(cells):
             row = cached_row(os.path.join(cells_dir, cid), cfg)
+            if row is not None and figures and not os.path.exists(os.path.join(cells_dir, cid, "loss.png")):
+                row = None  # a rerun with --figures draws the figures the first run did not
             if row is not None:
                 rows[i] = dict(row, resumed=True)
             else:
@@ -498,21 +580,21 @@ def sweep(spec, client=None, out: str = "sweep_out", *, scheduler: str | None = 
         if not todo:
             log(f"results: {csv_path}")
             return _frame(rows)
-        return _run_cells(cells, rows, todo, client, scheduler, workers, worker_timeout, figures, progress, retries,
+        return _run_cells(cells, rows, todo, client, own, workers, worker_timeout, figures, progress, retries,
                           log, cell_fn, cells_dir, csv_path)
 
 
-def _run_cells(cells, rows, todo, client, scheduler, workers, worker_timeout, figures, progress, retries, log,
+def _run_cells(cells, rows, todo, client, own, workers, worker_timeout, figures, progress, retries, log,
                cell_fn, cells_dir, csv_path):
     from dask.distributed import as_completed
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
-    own = client is None
     cluster = futures = bar = None
+    interrupted = False
     try:
-        if own:
-            client, cluster = _start_client(scheduler, workers, len(todo), worker_timeout, log)
+        if client is None:  # our own LocalCluster (a --scheduler was connected to before anything was written)
+            client, cluster = _start_client(None, workers, len(todo), worker_timeout, log)
         log(f"Dask scheduler: {client.scheduler.address}; dashboard: {_dashboard(client)}")
         os.makedirs(cells_dir, exist_ok=True)
         token = os.urandom(4).hex()
@@ -533,8 +615,11 @@ def _run_cells(cells, rows, todo, client, scheduler, workers, worker_timeout, fi
             rows[i] = row
             write_csv_atomic(csv_path, _frame(rows))
             bar.update(1)
-    except BaseException:
-        if futures and client is not None:
+    except BaseException as exc:
+        if cluster is not None and isinstance(exc, (KeyboardInterrupt, Terminated)):
+            interrupted = True
+            _stop_workers_now(cluster)  # interrupted: the cells cut short are cleared below, not waited for
+        elif futures and client is not None:
             try:
                 client.cancel(list(futures))
             except Exception:
@@ -543,10 +628,13 @@ def _run_cells(cells, rows, todo, client, scheduler, workers, worker_timeout, fi
     finally:
         if bar is not None:
             bar.close()
-        if own and client is not None:
-            client.close()
+        # Interrupted: the workers are gone; Dask's orderly close of a scheduler holding thousands of
+        # tasks takes seconds, so it gets a short while and the process exit ends the rest.
+        wait = {"timeout": CLOSE_TIMEOUT_INTERRUPTED} if interrupted else {}
+        if cluster is not None and client is not None:  # the client of our LocalCluster (a --scheduler's: sweep())
+            _close(client, **wait)
         if cluster is not None:
-            cluster.close()
+            _close(cluster, **wait)
         if own:  # what cells cut short left behind (the cluster is closed: their processes are gone)
             for i in todo:
                 if i not in rows:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .._validation import is_int
 from ..task import (DEFAULT_MAX_SEQUENCES, CausalGraph, MultiParentTask, Task, chain, dirichlet_prior,
                     dirichlet_tensor_prior, icl_pairs, ngram, random_tree, two_parent)
@@ -167,3 +169,14 @@ def build_task(cfg) -> Task | MultiParentTask:
         # report's hypotheses table shows Knowl 10.3 failing and says why (UNIFORM_MEAN_IMPOSSIBLE).
         prior = dirichlet_prior(S, cfg["alpha"], cfg["atoms"], uniform_mean=False, **kw)
     return Task(graph, prior, max_sequences=cfg["max_sequences"])
+
+
+def too_large(task):
+    """``(what the enumeration needs, how to make it smaller)`` for the one-line errors."""
+    if task.n_sequences > task.max_sequences or isinstance(task, MultiParentTask):
+        n = task.n_sequences
+        count = f"{n:,}" if n < 10**15 else f"about 10^{task.T * np.log10(task.S):.0f}"
+        return (f"S**T = {task.S}**{task.T} = {count} sequences (over --max-sequences {task.max_sequences:,})",
+                "a smaller S or T, or a larger --max-sequences")
+    return (f"all {task.prior.K:,} atoms of the prior ({task.prior.base.K} draws x {task.S}! relabelings)",
+            "fewer --atoms or a smaller S")

@@ -74,11 +74,12 @@ base draws.
 from __future__ import annotations
 
 import math
+import time
 from typing import NamedTuple, Optional
 
 import numpy as np
 
-from .._validation import ArgumentTypeError
+from .._validation import ArgumentTypeError, as_bool, as_real
 from ..model.reduced import first_layer_attention
 from ..task.graphs import CausalGraph
 from ..task.priors import FinitePrior, relabel, stationary_distribution
@@ -103,6 +104,9 @@ _ENUM_MIN_BLOCK = 4096
 _ENUM_MAX_BLOCKS = 256
 #: Rows of the chain pair kernel per cache block.
 _CHAIN_DBLOCK = 16
+#: Smallest ``ε`` of the field: ``1/ε`` is summed over up to ``T`` positions (FFT, sequence sums) and
+#: multiplied by weights; below this it overflows to inf and the field is NaN (issue 32).
+MIN_EPS = 1e-250
 #: Relative cost of one enumerated sequence-position vs one counts inner step (``auto`` rule).
 _ENUM_COST_FACTOR = 1.0
 
@@ -162,6 +166,9 @@ def _check_eps(task_or_teff, eps) -> float:
             f"eps must be finite and > 0 (or None for T_eff**-0.5), got {v}: the first-order field "
             "divides by n_c/T + eps, and the loss it expands is infinite at eps = 0"
         )
+    if v < MIN_EPS:
+        raise ValueError(f"eps = {v:g} is too small for the field: 1/eps overflows when summed over the "
+                         f"sequence positions; use eps >= {MIN_EPS:g} (or None for T_eff**-0.5)")
     return v
 
 
@@ -263,6 +270,7 @@ def stage1_field(task, eps=None, method="auto", per_atom=False, options=None) ->
     task = _check_task(task)
     eps = _check_eps(task, eps)
     method = _check_method(method)
+    per_atom = as_bool(per_atom, "per_atom")
     opts = options_or_default(options)
     if method == "auto":
         method = _auto_method(task)
@@ -304,6 +312,7 @@ def stage1_field_from_atoms(graph, atoms, weights=None, eps=None, per_atom=False
         raise ArgumentTypeError(f"graph must be a popgrad.CausalGraph, got {type(graph).__name__}")
     prior = FinitePrior(atoms, weights)
     eps = _check_eps(graph.t_eff, eps)
+    per_atom = as_bool(per_atom, "per_atom")
     M, pa = _field_counts(graph, np.asarray(prior.atoms), np.asarray(prior.weights), eps, per_atom,
                           opts=options_or_default(options),
                           mu=np.asarray(prior.stationary))
@@ -354,10 +363,43 @@ def _auto_method(task) -> str:
     return "enumerate" if enum_work < counts_work else "counts"
 
 
+#: Seconds one call of a field kernel aims at: the kernels return to Python between calls, where a
+#: Ctrl-C or SIGTERM acts (numba code holds the interpreter until it returns).
+CALL_SECONDS = 0.25
+#: Work (the estimates below, about one inner step each) done in one call without measuring.
+_ONE_CALL_WORK = 20_000_000
+
+
 def _kernel(name, work, opts):
-    """The parallel kernel ``name`` or its serial twin, by the work estimate against
-    ``opts.field_parallel_min_work`` (same iterations, same bits either way)."""
+    """The parallel kernel ``name`` or its serial twin: one rule, the work estimate against
+    ``opts.field_parallel_min_work`` (both compiled from one body, :func:`fk.twins`; same iterations,
+    same bits either way)."""
     return getattr(fk, name if work >= opts.field_parallel_min_work else name + "_serial")
+
+
+def _run(name, work, n, args, opts) -> None:
+    """Run kernel ``name`` (:func:`_kernel`) over its outer range ``0 .. n-1`` in calls of about
+    :data:`CALL_SECONDS` each, so that an interrupt acts within a fraction of a second.
+
+    A call does the range ``lo .. hi-1``; its length starts at one iteration (the work estimates
+    are rough: memory traffic can make an iteration 100 times dearer than they say) and is
+    rescaled by each call's measured time, at most 4 times longer per call. Every output entry is
+    still summed by one thread in the same order, so the cut never changes a bit (checked by the
+    tests against one call).
+    """
+    kern = _kernel(name, work, opts)
+    if work <= _ONE_CALL_WORK or n <= 1:
+        kern(0, n, *args)
+        return
+    step = 1
+    lo = 0
+    while lo < n:
+        hi = min(n, lo + step)
+        t0 = time.perf_counter()
+        kern(lo, hi, *args)
+        dt = time.perf_counter() - t0
+        lo = hi
+        step = max(1, int(step * min(4.0, CALL_SECONDS / max(dt, 1e-6))))
 
 
 def _field_enumerate(task, eps, opts) -> np.ndarray:
@@ -368,8 +410,8 @@ def _field_enumerate(task, eps, opts) -> np.ndarray:
     block = -(-n_total // n_blocks)
     n_blocks = -(-n_total // block)
     slots = np.empty((n_blocks, T, T))
-    kern = _kernel("field_enumerate", n_total * T * (task.prior.K + T) if n_blocks > 1 else 0, opts)
-    kern(block, n_total, T, float(eps), parents, mu, atoms, prior_w, slots)
+    work = n_total * T * (task.prior.K + T) if n_blocks > 1 else 0
+    _run("field_enumerate", work, n_blocks, (block, n_total, T, float(eps), parents, mu, atoms, prior_w, slots), opts)
     M = np.empty((T, T))
     fk.sum_slots(slots, M)
     return M
@@ -437,10 +479,10 @@ def _atom_field_counts(graph, pi, mu, eps, forest, chain, opts):
         Pm = np.empty((S, NH, C, S), dtype=np.complex128)
         Br = np.empty((S, NH, C))
         Bi = np.empty((S, NH, C))
-        _kernel("chain_prepass", 3 * S * NH * C * S * S, opts)(pi, mu, xs, phi, V, Z, Gr, Gi, Pm, Br, Bi)
+        _run("chain_prepass", 3 * S * NH * C * S * S, S * NH, (pi, mu, xs, phi, V, Z, Gr, Gi, Pm, Br, Bi), opts)
         Y = np.zeros((C, C))
-        _kernel("chain_pairs", S * NH * C * C * (S + 1) // 2, opts)(Gr, Gi, np.ascontiguousarray(Pm.real), np.ascontiguousarray(Pm.imag), Br, Bi,
-                       _CHAIN_DBLOCK, Y)
+        _run("chain_pairs", S * NH * C * C * (S + 1) // 2, S * NH,
+             (Gr, Gi, np.ascontiguousarray(Pm.real), np.ascontiguousarray(Pm.imag), Br, Bi, _CHAIN_DBLOCK, Y), opts)
         fk.chain_unskew(Y, X)
     else:
         par, ch_ptr, ch_idx, roots = forest
@@ -451,9 +493,11 @@ def _atom_field_counts(graph, pi, mu, eps, forest, chain, opts):
         O = np.empty(shape, dtype=np.complex128)
         Zt = np.zeros((S, NH, C), dtype=np.complex128)
         ER = np.zeros((S, NH, C), dtype=np.complex128)
-        _kernel("tree_prepass", 3 * S * NH * C * S * S, opts)(par, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, O, Zt, ER, Z)
+        _run("tree_prepass", 3 * S * NH * C * S * S, S * NH, (par, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, O, Zt,
+                                                             ER, Z), opts)
         fk.tree_marginals(O, U, V)
-        _kernel("tree_pairs", S * NH * C * C * S * S // 2, opts)(par, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, Zt, phi, X)
+        _run("tree_pairs", S * NH * C * C * S * S // 2, S * NH, (par, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, Zt,
+                                                                phi, X), opts)
     out = np.empty((T, T))
     fk.assemble(X, V, Z, psi, chi, out)
     return out
@@ -491,7 +535,8 @@ def field_grad_A1(M, A1, beta0) -> np.ndarray:
     A1 : ndarray (T, T)
     beta0 : float
     """
+    beta0 = as_real(beta0, "beta0", minimum=0, strict=True)
     P = first_layer_attention(A1)
     T = P.shape[0]
     G = np.tril(M)
-    return -(float(beta0) / T) * P * (G - np.sum(P * G, axis=1, keepdims=True))
+    return -(beta0 / T) * P * (G - np.sum(P * G, axis=1, keepdims=True))

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._validation import ArgumentTypeError, as_int, as_real, as_seqs, is_int
+from .._validation import ArgumentTypeError, as_int, as_real, as_rng, as_seqs, is_int
 from .reduced import softmax
 
 __all__ = [
@@ -58,6 +58,42 @@ class CatFormerParams(NamedTuple):
 
     A: list
     W: np.ndarray
+
+
+#: Copies of the parameters a training holds at once (parameters, gradient, optimizer state, workspace).
+TRAINING_COPIES = 4
+
+
+def _check_size(model) -> None:
+    """Refuse a model whose training cannot fit in memory, naming its size (issue 32): the parameters
+    ``Σ_ℓ m_ℓ d_{ℓ-1}² + d_L S`` as float64, about :data:`TRAINING_COPIES` times over, against half
+    of the memory this process may use (:func:`popgrad._io.memory_limit`, ``ulimit -v`` included).
+    Python integers throughout: no overflow however large the heads."""
+    from .._io import memory_limit
+
+    n = sum(m * d * d for m, d in zip(model._heads, model._dims[:-1])) + model._dims[-1] * model._S
+    need = TRAINING_COPIES * 8 * n
+    limit = memory_limit()
+    if limit is None:
+        limit = 2**40
+    if need > limit // 2:
+        count = f"{n:,}" if n < 10**15 else f"about 10^{len(str(n)) - 1}"
+        raise ValueError(
+            f"CatFormer(S={model._S}, T={model._T}, heads={_short(model._heads)}) has {count} parameters "
+            f"(widths d = {_short(model._dims)}; training holds about {_bytes(need)}), more than half of the "
+            f"{_bytes(limit)} this process may use: use fewer heads or layers, or a smaller S or T")
+
+
+def _short(t) -> str:
+    text = str(tuple(t))
+    return text if len(text) <= 60 else text[:50] + "...)"
+
+
+def _bytes(n) -> str:
+    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}" if n < 2**70 else f"2^{n.bit_length() - 1} bytes"
+    return f"{n / 2**10:.1f} KiB"
 
 
 class CatFormer:
@@ -106,6 +142,7 @@ class CatFormer:
         for m in self._heads:
             d.append((1 + m) * d[-1])
         self._dims = tuple(d)
+        _check_size(self)
 
     # ----------------------------------------------------------- attributes
     @property
@@ -164,9 +201,14 @@ class CatFormer:
             Seed of ``numpy.random.default_rng``; the layers are drawn in order.
         """
         scale = as_real(scale, "scale", minimum=0.0)
-        rng = np.random.default_rng(seed)
+        rng = as_rng(seed, "seed")
         a_shapes, w_shape = self.shapes()
-        return CatFormerParams([scale * rng.standard_normal(s) for s in a_shapes], np.zeros(w_shape))
+        with np.errstate(over="ignore"):
+            A = [scale * rng.standard_normal(s) for s in a_shapes]
+        if not all(np.all(np.isfinite(a)) for a in A):
+            raise ValueError(f"scale = {scale:g} overflows: scale * N(0, 1) is not finite; use a scale of "
+                             "order 1e-4 (the official two-parent start) to 1")
+        return CatFormerParams(A, np.zeros(w_shape))
 
     def check_params(self, params) -> CatFormerParams:
         """``params`` as a :class:`CatFormerParams` of contiguous finite float64 arrays of this model's shapes.

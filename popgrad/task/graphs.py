@@ -29,6 +29,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._validation import as_rng
+
 __all__ = [
     "CausalGraph",
     "Tree",
@@ -333,7 +335,7 @@ def random_tree(T: int, seed: int, root_prob: float = 0.1) -> CausalGraph:
     T = _check_T(T)
     if not (0.0 <= float(root_prob) <= 1.0):
         raise ValueError(f"root_prob must be in [0, 1], got {root_prob}")
-    rng = np.random.default_rng(seed)
+    rng = as_rng(seed, "seed")
     parents = np.full(T, -1, dtype=np.int64)
     for i in range(1, T - 1):
         if rng.random() >= root_prob:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._validation import as_int, is_int
+from .._validation import as_int, as_rng, is_int
 from .graphs import CausalGraph
 
 __all__ = ["MultiParentGraph", "ngram", "two_parent", "random_multi_parent"]
@@ -372,7 +372,7 @@ def random_multi_parent(T: int, k: int, seed, root_prob: float = 0.0) -> MultiPa
         raise ValueError(f"root_prob must be a number in [0, 1], got {root_prob!r}") from None
     if not 0.0 <= root_prob <= 1.0:
         raise ValueError(f"root_prob must be in [0, 1], got {root_prob}")
-    rng = np.random.default_rng(seed)
+    rng = as_rng(seed, "seed")
     parents = np.full((T, k), -1, dtype=np.int64)
     for i in range(k, T):
         if rng.random() >= root_prob:

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._validation import as_int, as_real
+from .._validation import as_int, as_permutation, as_real, as_rng
 
 __all__ = [
     "FinitePrior",
@@ -133,7 +133,9 @@ def _gth(p: np.ndarray) -> np.ndarray:
 def relabel(pi, perm) -> np.ndarray:
     """Relabel tokens: ``out[σ(a), σ(b)] = pi[a, b]`` (i.e. ``σ π σ⁻¹``)."""
     pi = np.asarray(pi, dtype=np.float64)
-    perm = np.asarray(perm)
+    if pi.ndim < 2 or pi.shape[-1] != pi.shape[-2]:
+        raise ValueError(f"pi must be a square matrix, got shape {pi.shape}")
+    perm = as_permutation(perm, pi.shape[-1])
     out = np.empty_like(pi)
     out[np.ix_(perm, perm)] = pi
     return out
@@ -588,7 +590,7 @@ def dirichlet_prior(
     if floor >= 1:
         raise ValueError(f"floor must be in [0, 1), got {floor}: floor = 1 makes every draw uniform "
                          "(no structure to learn)")
-    rng = np.random.default_rng(seed)
+    rng = as_rng(seed, "seed")
     atoms = rng.dirichlet(np.full(S, alpha), size=(int(n_atoms), int(S)))
     # Renormalise to remove the last-ulp drift of the sampler.
     atoms = atoms / atoms.sum(axis=2, keepdims=True)

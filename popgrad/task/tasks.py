@@ -27,7 +27,7 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from .._validation import ArgumentTypeError, as_int
+from .._validation import ArgumentTypeError, as_int, as_rng, count_text
 from . import _weights
 from .graphs import CausalGraph
 from .multigraphs import MultiParentGraph
@@ -398,7 +398,7 @@ class Task(ExactTask):
         Deterministic given ``seed``.
         """
         n = as_int(n, "n", minimum=1)
-        rng = np.random.default_rng(seed)
+        rng = as_rng(seed, "seed")
         prior = self._prior
         S, T = self.S, self.T
         parents = self._graph.parents
@@ -474,7 +474,7 @@ class Task(ExactTask):
     def summary(self) -> str:
         """Human-readable description: graph, prior diagnostics, sizes."""
         return (
-            f"Task S={self.S} T={self.T} sequences S**T={self.n_sequences:,} "
+            f"Task S={self.S} T={self.T} sequences S**T={count_text(self.n_sequences)} "
             f"(limit {self._max_sequences:,})\n{self._graph.summary()}\n{self._prior.summary()}"
             + self._weights_summary()
         )
@@ -643,7 +643,7 @@ class MultiParentTask(ExactTask):
         Returns a :class:`popgrad.Sample` with ``targets[m] = π(· | s_tp)``.
         """
         n = as_int(n, "n", minimum=1)
-        rng = np.random.default_rng(seed)
+        rng = as_rng(seed, "seed")
         prior, S, T = self._prior, self.S, self.T
         parents = self._graph.parents
         if self.continuous:  # a fresh π per sequence
@@ -668,7 +668,7 @@ class MultiParentTask(ExactTask):
     def summary(self) -> str:
         """Graph, prior diagnostics, sizes."""
         return (
-            f"MultiParentTask S={self.S} T={self.T} k={self.k} sequences S**T={self.n_sequences:,} "
+            f"MultiParentTask S={self.S} T={self.T} k={self.k} sequences S**T={count_text(self.n_sequences)} "
             f"(limit {self._max_sequences:,})\n{self._graph.summary()}\n{self._prior.summary()}"
             + self._weights_summary()
         )

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._validation import as_int
+from .._validation import as_int, as_rng
 from .priors import (
     MAX_CLOSURE_ATOMS,
     ROW_SUM_TOL,
@@ -307,7 +307,7 @@ def dirichlet_tensor_prior(S: int, k: int, alpha: float, n_atoms: int, seed, sym
     """
     S, alpha, n_atoms = dirichlet_arguments(S, alpha, n_atoms)
     k = as_int(k, "k", minimum=1)
-    rng = np.random.default_rng(seed)
+    rng = as_rng(seed, "seed")
     atoms = rng.dirichlet(np.full(S, alpha), size=(n_atoms, S**k))
     atoms = atoms / atoms.sum(axis=2, keepdims=True)
     if not np.all(np.isfinite(atoms)):

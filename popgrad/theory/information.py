@@ -98,7 +98,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .._validation import is_int
+from .._validation import as_real, is_int
 from ..model.reduced import first_layer_attention
 from ..task.graphs import CausalGraph
 from ..task.priors import FinitePrior, ROW_SUM_TOL, stationary_distribution
@@ -649,12 +649,7 @@ def idealized_grad_A1(task: Task, A1, beta0: float, g=None, query_row: str = "ze
         raise ValueError(f"A1 must have shape (T, T) = ({T}, {T}) for this task, got {A1.shape}")
     if not np.all(np.isfinite(np.tril(A1))):
         raise ValueError("A1 has non-finite entries on or below the diagonal: attention logits must be finite")
-    try:
-        beta0 = float(beta0)
-    except (TypeError, ValueError):
-        raise ValueError(f"beta0 must be a finite number, got {beta0!r}") from None
-    if not np.isfinite(beta0):
-        raise ValueError(f"beta0 must be a finite number, got {beta0}")
+    beta0 = as_real(beta0, "beta0", minimum=0, strict=True, hint=" (the scale of A2 = beta0*I)")
     if g is None:
         g = idealized_gradient(task, query_row=query_row)
     else:

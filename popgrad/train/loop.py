@@ -341,10 +341,23 @@ def validate_checkpoint(z, path, task, cfg) -> _State:
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise bad(f"metadata {key!r} = {value!r} has the wrong type")
     defaults = getattr(scheme, "config_defaults", lambda: {})()
-    if meta["atoms_fingerprint"] != task.fingerprint or not _same_config(meta["config"], scheme.config_dict(),
-                                                                         defaults):
+    now = scheme.config_dict()
+    if meta["atoms_fingerprint"] != task.fingerprint or not _same_config(meta["config"], now, defaults):
+        # issue 32: say which setting changed (the task's graph and S are in the metadata too)
+        old = {**json.loads(json.dumps(defaults)), **meta["config"]}
+        cur = json.loads(json.dumps(now))
+        changed = [f"{k} {old.get(k, '(absent)')!r} -> {cur.get(k, '(absent)')!r}"
+                   for k in sorted(set(old) | set(cur)) if old.get(k) != cur.get(k)]
+        if meta["graph"] != task.graph.to_string():
+            changed.append("the graph")
+        if meta["S"] != task.S:
+            changed.append(f"S {meta['S']} -> {task.S}")
+        if meta["atoms_fingerprint"] != task.fingerprint and meta["graph"] == task.graph.to_string() \
+                and meta["S"] == task.S:
+            changed.append("the prior (alpha, atoms, seed, floor or uniform_mean)")
+        what = "; ".join(changed[:6]) + ("; ..." if len(changed) > 6 else "")
         raise ValueError(
-            f"checkpoint {path} belongs to a different task or configuration: "
+            f"checkpoint {path} belongs to a different task or configuration ({what or 'the task'}): "
             "resume with exactly the settings of the original run, or start afresh without --resume"
         )
     total = scheme.total

@@ -15,6 +15,7 @@ from dataclasses import asdict, fields
 
 import numpy as np
 
+from .._validation import as_rng
 from ..model.multihead import head_attention
 from ..task.tasks import MultiParentTask
 from .trajectory import Trajectory
@@ -148,7 +149,7 @@ def initial_parameters(task: MultiParentTask, beta0: float, init_seed: int, init
         ``β0 · I`` for every head.
     """
     k, T, S = task.k, task.T, task.S
-    rng = np.random.default_rng(init_seed)
+    rng = as_rng(init_seed, "init_seed")
     A1 = init_scale * rng.standard_normal((k, T, T))
     A1 = np.where(np.tri(T, dtype=bool), A1, 0.0)
     A2 = np.stack([beta0 * np.eye(S) for _ in range(k)])

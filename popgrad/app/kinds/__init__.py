@@ -91,6 +91,9 @@ class Kind(Protocol):
     def plots(self, folder: str, rc: RunConfig, trajectory, refs: dict, context: str = "") -> None:
         """Write the figures into ``folder``."""
 
+    def check_conflicts(self, values: Mapping, given: set) -> None:
+        """Refuse settings of this kind that contradict each other (``given``: the keys the user set)."""
+
     def notes(self, rc: RunConfig) -> list:
         """Console lines before training."""
 

@@ -52,6 +52,9 @@ class KindBase:
     def build_task(self, values: Mapping):
         return build_task(values)
 
+    def check_conflicts(self, values: Mapping, given: set) -> None:
+        """One-line :class:`CLIError` for settings of this kind that contradict each other; none by default."""
+
     def references(self, rc, trajectory, sampled: bool = True):
         """``(reference entries, Stage-2 objective or None)``; none by default."""
         return {}, None

@@ -20,7 +20,7 @@ from ...train.optim import LR_SCHEDULES, OPTIMIZERS
 from .. import plots as P
 from ..report import fmt, reference_value
 from ..settings import CLIError, Flag
-from ..tasks import MULTI_PARENT_TASK_DEFAULTS, is_multi_parent
+from ..tasks import MULTI_PARENT_TASK_DEFAULTS, is_multi_parent, too_large
 from ._common import KindBase, common_defaults
 
 __all__ = ["KIND", "CATFORMER_DEFAULTS", "FLAGS", "parse_heads"]
@@ -78,6 +78,12 @@ class CatFormerKind(KindBase):
     def graph_defaults(self, values):
         return MULTI_PARENT_TASK_DEFAULTS if is_multi_parent(values) else {}
 
+    def check_conflicts(self, values, given):
+        if "init_seed" in given and not values.get("init_scale"):
+            raise CLIError(f"--init-seed {values['init_seed']} has no effect at --init-scale 0 (the zero start "
+                           "draws nothing; as a sweep axis it would only repeat cells): give --init-scale > 0 "
+                           "(e.g. 1e-4, the official two-parent start) or drop --init-seed")
+
     def settle(self, cfg, task):
         heads = parse_heads(cfg["heads"])
         for key, choices in (("optimizer", OPTIMIZERS), ("lr_schedule", LR_SCHEDULES)):
@@ -85,8 +91,11 @@ class CatFormerKind(KindBase):
                 raise CLIError(f"--{key.replace('_', '-')} {cfg[key]!r}: use {', '.join(choices)}")
         try:
             task.check_size()  # the full model's gradient enumerates every sequence
-        except ValueError as exc:
-            raise CLIError(f"--model catformer needs the exact population: {exc}") from None
+        except ValueError:
+            # issue 32: the ways out of the full model (not the reduced model's field or sampled Stage 2)
+            what, how = too_large(task)
+            raise CLIError(f"--model catformer needs the exact population (it trains on every sequence): {what}; "
+                           f"use {how}") from None
         steps = cfg["steps"]
         record_every = cfg.get("record_every") or max(1, steps // 128)
         train = CatFormerTrainConfig(

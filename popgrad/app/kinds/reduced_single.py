@@ -22,8 +22,8 @@ from ...train.algorithm1 import train_two_stage
 from ...train.config import GRADIENTS, SCHEDULES, STAGE2_METHODS, TrainConfig, resolve_auto
 from .. import plots as P
 from ..report import UNIFORM_MEAN_IMPOSSIBLE, fmt
-from ..settings import CLIError, Flag
-from ..tasks import RUN_DEFAULTS, TASK_DEFAULTS, graph_family, is_multi_parent
+from ..settings import CLIError, Flag, flag_name
+from ..tasks import RUN_DEFAULTS, TASK_DEFAULTS, graph_family, is_multi_parent, too_large
 from ._common import KindBase, validated
 
 __all__ = ["KIND", "FLAGS", "DEFAULTS", "ALIGNMENT_TOP_T", "ROOTS_TOP_T", "a1_hat", "train_kwargs",
@@ -81,23 +81,11 @@ def check_schedule(cfg) -> None:
         raise CLIError(f"--schedule {cfg['schedule']!r}: use two-stage or joint")
 
 
-def _too_large(task):
-    """``(what the enumeration needs, how to make it smaller)`` for the one-line errors."""
-    if task.n_sequences > task.max_sequences or isinstance(task, MultiParentTask):
-        n = task.n_sequences
-        count = f"{n:,}" if n < 10**15 else f"about 10^{task.T * np.log10(task.S):.0f}"
-        return (f"S**T = {task.S}**{task.T} = {count} sequences (over --max-sequences {task.max_sequences:,})",
-                "a smaller S or T, or a larger --max-sequences")
-    return (f"all {task.prior.K:,} atoms of the prior ({task.prior.base.K} draws x {task.S}! relabelings)",
-            "fewer --atoms or a smaller S")
-
-
 def _memory_bytes() -> int | None:
-    """This machine's physical memory in bytes, or ``None`` where unknown."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
+    """The memory this process may use (physical, or its ``ulimit -v`` when lower), or ``None`` where unknown."""
+    from ..._io import memory_limit
+
+    return memory_limit()
 
 
 def _size(n: float) -> str:
@@ -109,7 +97,7 @@ def _size(n: float) -> str:
 
 def check_sample_size(cfg, task) -> None:
     """Refuse a sampled Stage 2 whose sample cannot fit in memory: ``--samples`` x (T tokens + 2 S
-    label weights) x 8 bytes, against half of this machine's memory."""
+    label weights) x 8 bytes, against half of the memory this process may use (physical or its ulimit -v)."""
     n = cfg.get("samples", 0)
     if cfg.get("stage2") != "sampled" or not n or cfg.get("steps2", 0) == 0:
         return
@@ -118,7 +106,7 @@ def check_sample_size(cfg, task) -> None:
     if memory is not None and need > memory // 2:
         most = max(2, memory // 2 // ((task.T + 2 * task.S) * 8))
         raise CLIError(f"--samples {n:,} needs about {_size(need)} for the Stage-2 sample (n x (T + 2S) x 8 bytes), "
-                       f"more than half of this machine's {_size(memory)}: use --samples {most:,} or fewer, or "
+                       f"more than half of the {_size(memory)} this process may use: use --samples {most:,} or fewer, or "
                        "--samples 0 (chosen from a pilot sample for a standard error of 1e-3)")
 
 
@@ -153,6 +141,13 @@ class ReducedSingle(KindBase):
     def selects(self, values):
         return not is_multi_parent(values)
 
+    def check_conflicts(self, values, given):
+        if values.get("stage2") == "exact":  # issue 32: a sample setting of an exact Stage 2 would be ignored
+            for key in ("samples", "sample_seed"):
+                if key in given and values.get(key):
+                    raise CLIError(f"{flag_name(key)} {values[key]} conflicts with --stage2 exact, which draws no "
+                                   f"sample: drop {flag_name(key)}, or use --stage2 sampled")
+
     def settle(self, cfg, task):
         check_schedule(cfg)
         enumerable = task.enumerable
@@ -160,7 +155,7 @@ class ReducedSingle(KindBase):
             if cfg[key] not in choices:
                 raise CLIError(f"--{key} {cfg[key]!r}: use {' or '.join(choices)}")
         gradient, stage2 = resolve_auto(cfg["gradient"], cfg["stage2"], enumerable, cfg["steps2"])
-        size, smaller = _too_large(task)
+        size, smaller = too_large(task)
         if not enumerable and gradient == "exact":
             raise CLIError(f"--gradient exact needs {size}: use --gradient field (exact to first order, any T), "
                            f"{smaller}")

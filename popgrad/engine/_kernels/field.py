@@ -18,11 +18,40 @@ context positions ``0 .. C-1``; for a marked symbol ``c`` and a grid point
   chain ``0 → 1 → … → C-1``: Toeplitz structure of the path products;
 * :func:`assemble` -- contraction of the per-(c, k) pieces with the FFT
   coefficients into the ``T×T`` field.
+
+Every parallel kernel ``name`` has a serial twin ``name_serial``, both compiled
+by :func:`twins` from one Python body (``prange`` is ``range`` in the serial
+compilation): same iterations, same bits. Each takes the range of its outer
+work it does in this call (``lo, hi``: blocks, or ``(c, k)`` pairs as
+``c·NH + k``), so that the caller (:mod:`popgrad.engine.field`) can return to
+Python often enough for Ctrl-C and SIGTERM to act (issue 32); the pieces of
+one output entry are still summed by one thread in the same order, so the
+result does not depend on how the range is cut.
 """
+import types
+
 import numpy as np
 from numba import njit, prange
 
 from ...task._weights import decode_sequence, sequence_weight_row
+
+
+def _renamed(body, name):
+    """A copy of the plain Python function ``body`` called ``name`` (its own numba cache file)."""
+    code = body.__code__.replace(co_name=name, co_qualname=name)
+    fn = types.FunctionType(code, body.__globals__, name, body.__defaults__, body.__closure__)
+    fn.__qualname__ = name
+    fn.__doc__ = body.__doc__
+    fn.__module__ = body.__module__
+    return fn
+
+
+def twins(body, name):
+    """``(parallel, serial)``: ``body`` compiled as ``numba.njit(cache=True, parallel=True)`` under ``name``
+    and as ``numba.njit(cache=True)`` under ``name + "_serial"`` (one source, two compilations; each
+    its own name, so each has its own entry in numba's on-disk cache)."""
+    return (njit(cache=True, parallel=True)(_renamed(body, name)),
+            njit(cache=True)(_renamed(body, name + "_serial")))
 
 
 # ===========================================================================
@@ -67,9 +96,8 @@ def _field_enumerate_one(bk, block, n_total, T, eps, parents, mu, atoms, prior_w
                     acc[i, j] += v
 
 
-@njit(cache=True, parallel=True)
-def field_enumerate(block, n_total, T, eps, parents, mu, atoms, prior_w, slots):
-    """``slots[b]`` = the field summed over sequences ``b·block .. (b+1)·block - 1``.
+def _field_enumerate(lo, hi, block, n_total, T, eps, parents, mu, atoms, prior_w, slots):
+    """``slots[b]`` = the field summed over sequences ``b·block .. (b+1)·block - 1``, for blocks ``lo <= b < hi``.
 
     Per sequence ``s`` with weights ``w(s, c)`` (:func:`sequence_weight_row`)
     and counts ``n_c`` over all ``T`` positions: ``r_c = w(s,c)/(n_c/T + ε)``,
@@ -77,19 +105,11 @@ def field_enumerate(block, n_total, T, eps, parents, mu, atoms, prior_w, slots):
     ``s_j = s_{T-1}``. The block count is fixed by the caller (it depends
     on ``S**T`` only), each block is summed by one thread in sequence order.
     """
-    S = atoms.shape[1]
-    n_blocks = slots.shape[0]
-    for bk in prange(n_blocks):
+    for bk in prange(lo, hi):
         _field_enumerate_one(bk, block, n_total, T, eps, parents, mu, atoms, prior_w, slots)
 
 
-@njit(cache=True)
-def field_enumerate_serial(block, n_total, T, eps, parents, mu, atoms, prior_w, slots):
-    """:func:`field_enumerate` on the calling thread (same iterations, same bits)."""
-    S = atoms.shape[1]
-    n_blocks = slots.shape[0]
-    for bk in range(n_blocks):
-        _field_enumerate_one(bk, block, n_total, T, eps, parents, mu, atoms, prior_w, slots)
+field_enumerate, field_enumerate_serial = twins(_field_enumerate, "field_enumerate")
 
 
 @njit(cache=True)
@@ -183,9 +203,8 @@ def _tree_prepass_one(ck, parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX,
                 o[v, z] = acc
 
 
-@njit(cache=True, parallel=True)
-def tree_prepass(parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, O, Zt, ER, Z):
-    """Inside/outside vectors of the context forest, for every ``(c, k)``.
+def _tree_prepass(lo, hi, parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, O, Zt, ER, Z):
+    """Inside/outside vectors of the context forest, for the ``(c, k)`` with ``lo <= c·NH + k < hi``.
 
     For each marked symbol ``c`` and grid point ``x = xs[k]`` (arrays
     indexed ``[c, k, v, y]``, context nodes ``v`` in index order, which is
@@ -204,28 +223,16 @@ def tree_prepass(parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, O, Zt, E
     unit circle: no cancellation, no division (a factor may vanish at a
     root of unity).
     """
-    S = pi.shape[0]
-    NH = xs.shape[0]
-    C = parents.shape[0]
-    nr = roots.shape[0]
-    for ck in prange(S * NH):
+    for ck in prange(lo, hi):
         _tree_prepass_one(ck, parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, O, Zt, ER, Z)
 
 
-@njit(cache=True)
-def tree_prepass_serial(parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, O, Zt, ER, Z):
-    """:func:`tree_prepass` on the calling thread (same iterations, same bits)."""
-    S = pi.shape[0]
-    NH = xs.shape[0]
-    C = parents.shape[0]
-    nr = roots.shape[0]
-    for ck in range(S * NH):
-        _tree_prepass_one(ck, parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, O, Zt, ER, Z)
+tree_prepass, tree_prepass_serial = twins(_tree_prepass, "tree_prepass")
 
 
 @njit(cache=True)
-def _tree_pairs_one(it, parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, Zt, phi, X):
-    """One iteration of :func:`tree_pairs`."""
+def _tree_pairs_one(it, lo, hi, parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, Zt, phi, X):
+    """One iteration of :func:`tree_pairs`: rows ``it`` and ``C-1-it``, the ``(c, k)`` in ``lo .. hi-1``."""
     S = pi.shape[0]
     NH = xs.shape[0]
     C = parents.shape[0]
@@ -246,102 +253,103 @@ def _tree_pairs_one(it, parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, Z
         if half == 1 and i == i0:
             break
         row = X[i]
-        for j in range(C):
-            row[j] = 0.0
-        for c in range(S):
-            for k in range(NH):
-                stamp += 1
-                x = xs[k]
-                u = U[c, k]
-                pu = PU[c, k]
-                ex = EX[c, k]
-                zt = Zt[c, k]
-                # clamp and climb
+        if lo == 0:
+            for j in range(C):
+                row[j] = 0.0
+        for ck in range(lo, hi):
+            c = ck // NH
+            k = ck % NH
+            stamp += 1
+            x = xs[k]
+            u = U[c, k]
+            pu = PU[c, k]
+            ex = EX[c, k]
+            zt = Zt[c, k]
+            # clamp and climb
+            for y in range(S):
+                Up[i, y] = 0.0
+            Up[i, c] = u[i, c]
+            onpath[i] = stamp
+            v = i
+            while parents[v] >= 0:
+                p = parents[v]
                 for y in range(S):
-                    Up[i, y] = 0.0
-                Up[i, c] = u[i, c]
-                onpath[i] = stamp
-                v = i
-                while parents[v] >= 0:
-                    p = parents[v]
+                    acc = 0.0 + 0.0j
+                    for z in range(S):
+                        acc += pi[y, z] * Up[v, z]
+                    PUp[v, y] = acc
+                # siblings of v: products with PUp[v] substituted
+                a = ch_ptr[p]
+                b = ch_ptr[p + 1]
+                if b - a > 1:
                     for y in range(S):
-                        acc = 0.0 + 0.0j
-                        for z in range(S):
-                            acc += pi[y, z] * Up[v, z]
-                        PUp[v, y] = acc
-                    # siblings of v: products with PUp[v] substituted
-                    a = ch_ptr[p]
-                    b = ch_ptr[p + 1]
-                    if b - a > 1:
-                        for y in range(S):
-                            pre = 1.0 + 0.0j
-                            for t in range(a, b):
-                                h = ch_idx[t]
-                                EXp[h, y] = pre
-                                pre *= PUp[h, y] if h == v else pu[h, y]
-                            suf = 1.0 + 0.0j
-                            for t in range(b - 1, a - 1, -1):
-                                h = ch_idx[t]
-                                EXp[h, y] *= suf
-                                suf *= PUp[h, y] if h == v else pu[h, y]
+                        pre = 1.0 + 0.0j
                         for t in range(a, b):
                             h = ch_idx[t]
-                            if h != v:
-                                exmod[h] = stamp
-                    for y in range(S):
-                        val = ex[v, y] * PUp[v, y]
-                        if y == c:
-                            val *= x
-                        Up[p, y] = val
-                    onpath[p] = stamp
-                    v = p
-                rt = v
-                zc = 0.0 + 0.0j
-                for z in range(S):
-                    zc += mu[z] * Up[rt, z]
-                pre = 1.0 + 0.0j
-                for t in range(nr):
-                    r = roots[t]
-                    ERp[r] = pre
-                    pre *= zc if r == rt else zt[r]
-                suf = 1.0 + 0.0j
-                for t in range(nr - 1, -1, -1):
-                    r = roots[t]
-                    ERp[r] *= suf
-                    suf *= zc if r == rt else zt[r]
-                # outside pass over 0 .. i, then contract
-                ph = phi[c, k]
-                for w in range(i + 1):
-                    p = parents[w]
-                    if p < 0:
-                        e = ERp[w]
-                        for z in range(S):
-                            Op[w, z] = mu[z] * e
+                            EXp[h, y] = pre
+                            pre *= PUp[h, y] if h == v else pu[h, y]
+                        suf = 1.0 + 0.0j
+                        for t in range(b - 1, a - 1, -1):
+                            h = ch_idx[t]
+                            EXp[h, y] *= suf
+                            suf *= PUp[h, y] if h == v else pu[h, y]
+                    for t in range(a, b):
+                        h = ch_idx[t]
+                        if h != v:
+                            exmod[h] = stamp
+                for y in range(S):
+                    val = ex[v, y] * PUp[v, y]
+                    if y == c:
+                        val *= x
+                    Up[p, y] = val
+                onpath[p] = stamp
+                v = p
+            rt = v
+            zc = 0.0 + 0.0j
+            for z in range(S):
+                zc += mu[z] * Up[rt, z]
+            pre = 1.0 + 0.0j
+            for t in range(nr):
+                r = roots[t]
+                ERp[r] = pre
+                pre *= zc if r == rt else zt[r]
+            suf = 1.0 + 0.0j
+            for t in range(nr - 1, -1, -1):
+                r = roots[t]
+                ERp[r] *= suf
+                suf *= zc if r == rt else zt[r]
+            # outside pass over 0 .. i, then contract
+            ph = phi[c, k]
+            for w in range(i + 1):
+                p = parents[w]
+                if p < 0:
+                    e = ERp[w]
+                    for z in range(S):
+                        Op[w, z] = mu[z] * e
+                else:
+                    if exmod[w] == stamp:
+                        for y in range(S):
+                            tmp[y] = Op[p, y] * EXp[w, y]
                     else:
-                        if exmod[w] == stamp:
-                            for y in range(S):
-                                tmp[y] = Op[p, y] * EXp[w, y]
-                        else:
-                            for y in range(S):
-                                tmp[y] = Op[p, y] * ex[w, y]
-                        tmp[c] *= x
-                        for z in range(S):
-                            acc = 0.0 + 0.0j
-                            for y in range(S):
-                                acc += tmp[y] * pi[y, z]
-                            Op[w, z] = acc
-                    tot = 0.0
-                    if onpath[w] == stamp:
-                        for bb in range(S):
-                            tot += (ph[bb] * Op[w, bb] * Up[w, bb]).real
-                    else:
-                        for bb in range(S):
-                            tot += (ph[bb] * Op[w, bb] * u[w, bb]).real
-                    row[w] += tot
+                        for y in range(S):
+                            tmp[y] = Op[p, y] * ex[w, y]
+                    tmp[c] *= x
+                    for z in range(S):
+                        acc = 0.0 + 0.0j
+                        for y in range(S):
+                            acc += tmp[y] * pi[y, z]
+                        Op[w, z] = acc
+                tot = 0.0
+                if onpath[w] == stamp:
+                    for bb in range(S):
+                        tot += (ph[bb] * Op[w, bb] * Up[w, bb]).real
+                else:
+                    for bb in range(S):
+                        tot += (ph[bb] * Op[w, bb] * u[w, bb]).real
+                row[w] += tot
 
 
-@njit(cache=True, parallel=True)
-def tree_pairs(parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, Zt, phi, X):
+def _tree_pairs(lo, hi, parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, Zt, phi, X):
     """``X[i, j] = Re Σ_{c,k} Σ_b φ[c,k,b] E[[s_i = c][s_j = b] x_k^{m_c}]`` for context ``j ≤ i``.
 
     One clamped pass per row ``i`` and ``(c, k)``: clamp ``s_i = c``
@@ -353,26 +361,15 @@ def tree_pairs(parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, Zt, phi, X
     ``E[[s_i=c][s_j=b] x^{m_c}] = O'[j, b] U'[j, b]``. Cost per row and
     ``(c, k)``: ``O((i + depth) S² + Σ_path deg · S + #roots)``.
     Rows are processed in pairs ``(r, C-1-r)`` (equal work per iteration).
+    This call adds the ``(c, k)`` with ``lo <= c·NH + k < hi`` (``lo = 0`` starts the rows at 0).
     """
-    S = pi.shape[0]
-    NH = xs.shape[0]
     C = parents.shape[0]
-    nr = roots.shape[0]
     n_it = (C + 1) // 2
     for it in prange(n_it):
-        _tree_pairs_one(it, parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, Zt, phi, X)
+        _tree_pairs_one(it, lo, hi, parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, Zt, phi, X)
 
 
-@njit(cache=True)
-def tree_pairs_serial(parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, Zt, phi, X):
-    """:func:`tree_pairs` on the calling thread (same iterations, same bits)."""
-    S = pi.shape[0]
-    NH = xs.shape[0]
-    C = parents.shape[0]
-    nr = roots.shape[0]
-    n_it = (C + 1) // 2
-    for it in range(n_it):
-        _tree_pairs_one(it, parents, ch_ptr, ch_idx, roots, pi, mu, xs, U, PU, EX, Zt, phi, X)
+tree_pairs, tree_pairs_serial = twins(_tree_pairs, "tree_pairs")
 
 
 @njit(cache=True)
@@ -446,9 +443,8 @@ def _chain_prepass_one(ck, pi, mu, xs, phi, V, Z, Gr, Gi, Pm, Br, Bi):
             Pm[c, k, d, y] = acc
 
 
-@njit(cache=True, parallel=True)
-def chain_prepass(pi, mu, xs, phi, V, Z, Gr, Gi, Pm, Br, Bi):
-    """Forward/backward vectors of the context chain ``0 → 1 → … → C-1``, every ``(c, k)``.
+def _chain_prepass(lo, hi, pi, mu, xs, phi, V, Z, Gr, Gi, Pm, Br, Bi):
+    """Forward/backward vectors of the context chain ``0 → 1 → … → C-1``, ``lo <= c·NH + k < hi``.
 
     With ``A = π D(x)``: ``α_0 = μ ⊙ D``, ``α_{j+1} = α_j A``
     (``α_j[b] = E[[s_j=b] x^{m_c(0..j)}]``); ``β_{C-1} = 1``,
@@ -459,26 +455,16 @@ def chain_prepass(pi, mu, xs, phi, V, Z, Gr, Gi, Pm, Br, Bi):
     ``[c,k,b,j]``), ``Pm[c,k,d,b] = P_d[b]``, ``B = β_i[c]`` (``Br, Bi``
     indexed ``[c,k,i]``).
     """
-    S = pi.shape[0]
-    NH = xs.shape[0]
-    C = V.shape[2]
-    for ck in prange(S * NH):
+    for ck in prange(lo, hi):
         _chain_prepass_one(ck, pi, mu, xs, phi, V, Z, Gr, Gi, Pm, Br, Bi)
 
 
-@njit(cache=True)
-def chain_prepass_serial(pi, mu, xs, phi, V, Z, Gr, Gi, Pm, Br, Bi):
-    """:func:`chain_prepass` on the calling thread (same iterations, same bits)."""
-    S = pi.shape[0]
-    NH = xs.shape[0]
-    C = V.shape[2]
-    for ck in range(S * NH):
-        _chain_prepass_one(ck, pi, mu, xs, phi, V, Z, Gr, Gi, Pm, Br, Bi)
+chain_prepass, chain_prepass_serial = twins(_chain_prepass, "chain_prepass")
 
 
 @njit(cache=True)
-def _chain_pairs_one(it, Gr, Gi, Pr, Pi, Br, Bi, dblock, Y):
-    """One iteration of :func:`chain_pairs`."""
+def _chain_pairs_one(it, lo, hi, Gr, Gi, Pr, Pi, Br, Bi, dblock, Y):
+    """One iteration of :func:`chain_pairs`: two row blocks, the ``(c, k)`` in ``lo .. hi-1``."""
     S, NH, _, C = Gr.shape
     nblk = (C + dblock - 1) // dblock
     n_it = (nblk + 1) // 2
@@ -491,35 +477,36 @@ def _chain_pairs_one(it, Gr, Gi, Pr, Pi, Br, Bi, dblock, Y):
             break
         d0 = blk * dblock
         d1 = min(C, d0 + dblock)
-        for d in range(d0, d1):
-            for j in range(C - d):
-                Y[d, j] = 0.0
-        for c in range(S):
-            for k in range(NH):
-                gr = Gr[c, k]
-                gi = Gi[c, k]
-                br = Br[c, k]
-                bi = Bi[c, k]
-                for d in range(d0, d1):
-                    L = C - d
+        if lo == 0:
+            for d in range(d0, d1):
+                for j in range(C - d):
+                    Y[d, j] = 0.0
+        for ck in range(lo, hi):
+            c = ck // NH
+            k = ck % NH
+            gr = Gr[c, k]
+            gi = Gi[c, k]
+            br = Br[c, k]
+            bi = Bi[c, k]
+            for d in range(d0, d1):
+                L = C - d
+                for j in range(L):
+                    tr[j] = 0.0
+                    ti[j] = 0.0
+                for b in range(S):
+                    pr = Pr[c, k, d, b]
+                    pim = Pi[c, k, d, b]
+                    grb = gr[b]
+                    gib = gi[b]
                     for j in range(L):
-                        tr[j] = 0.0
-                        ti[j] = 0.0
-                    for b in range(S):
-                        pr = Pr[c, k, d, b]
-                        pim = Pi[c, k, d, b]
-                        grb = gr[b]
-                        gib = gi[b]
-                        for j in range(L):
-                            tr[j] += pr * grb[j] - pim * gib[j]
-                            ti[j] += pr * gib[j] + pim * grb[j]
-                    yd = Y[d]
-                    for j in range(L):
-                        yd[j] += tr[j] * br[j + d] - ti[j] * bi[j + d]
+                        tr[j] += pr * grb[j] - pim * gib[j]
+                        ti[j] += pr * gib[j] + pim * grb[j]
+                yd = Y[d]
+                for j in range(L):
+                    yd[j] += tr[j] * br[j + d] - ti[j] * bi[j + d]
 
 
-@njit(cache=True, parallel=True)
-def chain_pairs(Gr, Gi, Pr, Pi, Br, Bi, dblock, Y):
+def _chain_pairs(lo, hi, Gr, Gi, Pr, Pi, Br, Bi, dblock, Y):
     """``Y[d, j] = Re Σ_{c,k} β_{j+d}[c] Σ_b φ[c,k,b] α_j[b] (A^d)[b, c]``: the chain's pair term.
 
     ``E[[s_j=b][s_{j+d}=c] x^{m_c}] = α_j[b] (A^d)[b,c] β_{j+d}[c]``, so row
@@ -527,23 +514,17 @@ def chain_pairs(Gr, Gi, Pr, Pi, Br, Bi, dblock, Y):
     inner loops run over ``j`` on real/imaginary parts stored separately
     (vectorizable, no reduction). ``d`` is processed in blocks of
     ``dblock`` rows sharing each ``(c, k)`` slice (cache reuse); blocks are
-    paired ``(b, last-b)`` for equal work per parallel iteration.
+    paired ``(b, last-b)`` for equal work per parallel iteration. This call adds the ``(c, k)``
+    with ``lo <= c·NH + k < hi`` (``lo = 0`` starts ``Y`` at 0).
     """
-    S, NH, _, C = Gr.shape
+    C = Gr.shape[3]
     nblk = (C + dblock - 1) // dblock
     n_it = (nblk + 1) // 2
     for it in prange(n_it):
-        _chain_pairs_one(it, Gr, Gi, Pr, Pi, Br, Bi, dblock, Y)
+        _chain_pairs_one(it, lo, hi, Gr, Gi, Pr, Pi, Br, Bi, dblock, Y)
 
 
-@njit(cache=True)
-def chain_pairs_serial(Gr, Gi, Pr, Pi, Br, Bi, dblock, Y):
-    """:func:`chain_pairs` on the calling thread (same iterations, same bits)."""
-    S, NH, _, C = Gr.shape
-    nblk = (C + dblock - 1) // dblock
-    n_it = (nblk + 1) // 2
-    for it in range(n_it):
-        _chain_pairs_one(it, Gr, Gi, Pr, Pi, Br, Bi, dblock, Y)
+chain_pairs, chain_pairs_serial = twins(_chain_pairs, "chain_pairs")
 
 
 @njit(cache=True)
