@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from ...checks.suites import (ALIGNMENT_TOP_T, ROOTS_TOP_T, SINGLE_PARENT_CHECKS, exact_reference_losses,
                               no_population_references, single_parent_suite)
 from ...engine.sampled import SampledObjective, sampled_reference_losses
-from ...task import MultiParentTask
 from ...theory.information import has_idealized_gradient
 from ...train.algorithm1 import train_two_stage
 from ...train.config import GRADIENTS, SCHEDULES, STAGE2_METHODS, TrainConfig, resolve_auto
