@@ -45,6 +45,7 @@ import numpy as np
 from numba import njit, prange
 
 from ...task._weights import decode_sequence, sequence_weight_row
+from .numeric import mix_loss
 
 
 @njit(cache=True)
@@ -131,25 +132,7 @@ def _sequence_loss_grad(s, w, P, A2, eps, want_grad, V, u, a, f, r, dl, G, dA2):
         u[i] = acc
         if acc > umax:
             umax = acc
-    Z = 0.0
-    for i in range(T):
-        a[i] = np.exp(u[i] - umax)
-        Z += a[i]
-    for c in range(S):
-        f[c] = 0.0
-    for i in range(T):
-        a[i] = a[i] / Z
-        f[s[i]] += a[i]
-    loss = 0.0
-    rbar = 0.0
-    for c in range(S):
-        if w[c] != 0.0:
-            fe = f[c] + eps
-            loss -= w[c] * np.log(fe)
-            r[c] = -w[c] / fe
-        else:
-            r[c] = 0.0
-        rbar += f[c] * r[c]
+    loss, rbar = mix_loss(0.0, s, u, umax, w, eps, a, f, r)
     if want_grad:
         for i in range(T):
             dl[i] = a[i] * (r[s[i]] - rbar)
