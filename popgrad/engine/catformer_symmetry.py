@@ -31,6 +31,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from ..model.catformer import CatFormerParams
 from ..task.tasks import Task
 from .symmetry import MAX_SYMMETRY_S, exactly_closed
 
@@ -56,8 +57,6 @@ def _token_index(d, d0, S, sigma) -> np.ndarray:
 def relabel_params(model, params, sigma):
     """``σ·θ``: the parameters (or a gradient: it transforms alike) with ``σ`` applied to every token
     coordinate and to the classes. ``sigma`` a permutation of ``0 … S-1``."""
-    from ..model.catformer import CatFormerParams
-
     sigma = np.asarray(sigma, dtype=np.int64)
     d0 = model.dims[0]
     A = []
@@ -109,8 +108,6 @@ def coordinate_orbits(model):
         hit = _ORBITS.get(key)
     if hit is not None:
         return hit
-    from ..model.catformer import CatFormerParams
-
     a_shapes, w_shape = model.shapes()
     sizes = [int(np.prod(s)) for s in a_shapes] + [int(np.prod(w_shape))]
     n = sum(sizes)
