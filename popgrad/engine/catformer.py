@@ -27,6 +27,15 @@ decides the call, :func:`block_work` weighs the blocks, :func:`run_blocks` runs
 a contiguous range of blocks into one slot each and :func:`finish_blocks` adds
 the slots in block order, so the result does not depend on the thread count
 nor on how a ``client=`` splits the range.
+
+:func:`catformer_rows_loss_and_grad` takes the same sum over given rows with given weights (sampled
+batches with soft labels, weight tables): the rows kernel walks the sorted rows as the paths of a trie.
+Along relabeling-equivariant parameters on a relabeling-closed prior, :func:`catformer_loss_and_grad`
+sums one canonical sequence per orbit through the rows kernel and symmetrizes the gradient (DESIGN §21,
+:mod:`popgrad.engine.catformer_symmetry`); ``symmetry="off"`` turns that off.
+
+Stable logs: the readout's log-softmax is ``(z_c - max z) - log Σ_c' e^(z_c' - max z)``; the last term
+lies in ``[0, log S]`` and is never added to a large logit, so no loss rounds below its floor.
 """
 from __future__ import annotations
 
