@@ -21,7 +21,11 @@ under the ``S!`` relabelings: 48 atoms at S = 3, 16 at S = 2); parameters
 
 Usage::
 
-    python benchmarks/bench_catformer.py [--repeats 5] [--budget 10] [--no-jax] [--no-sweep]
+    python benchmarks/bench_catformer.py [--repeats 5] [--budget 10] [--no-jax] [--no-sweep] [--no-table]
+                                         [--no-equivariant]
+
+Then the same table for *equivariant* parameters (the draw above projected with ``Sym``): what a
+zero-start trajectory runs, through the exact orbit reduction (DESIGN §21).
 """
 from __future__ import annotations
 
@@ -48,11 +52,20 @@ CASES = [(3, 10, (1, 1)), (2, 12, (2, 1)), (3, 8, (1, 1)), (2, 16, (1, 1)), (3, 
 TRANSCENDENTAL_FLOPS = 20
 
 
-def make_case(S, T, heads, seed=0):
+#: (S, T, heads) of the equivariant rows (parameters of a zero-start trajectory: the orbit reduction, DESIGN §21).
+EQUIVARIANT_CASES = [(3, 10, (1, 1)), (3, 10, (2, 1)), (2, 16, (1, 1))]
+
+
+def make_case(S, T, heads, seed=0, equivariant=False):
     task = pg.Task(pg.chain(T), pg.dirichlet_prior(S, 1.0, 8, seed, symmetrize=True), max_sequences=10**9)
     model = pg.CatFormer(S, T, heads=heads)
     p = model.init(0.1, seed)
     W = 0.1 * np.random.default_rng(seed).standard_normal(p.W.shape)
+    if equivariant:  # the same draw projected onto the relabeling-equivariant parameters
+        from popgrad.engine.catformer_symmetry import symmetrize_params
+
+        A, W = symmetrize_params(model, p.A, W)
+        return task, model, pg.CatFormerParams(A, W)
     return task, model, pg.CatFormerParams(p.A, W)
 
 
@@ -196,10 +209,10 @@ def rel_diff(r, loss, dA, dW):
     return max([abs(loss - r.loss) / abs(r.loss), rd(dW, r.dW)] + [rd(a, b) for a, b in zip(dA, r.dA)])
 
 
-def bench_table(repeats, use_jax, jax_chunk, peak):
+def bench_table(repeats, use_jax, jax_chunk, peak, equivariant=False):
     rows = []
-    for S, T, heads in CASES:
-        task, model, params = make_case(S, T, heads)
+    for S, T, heads in (EQUIVARIANT_CASES if equivariant else CASES):
+        task, model, params = make_case(S, T, heads, equivariant=equivariant)
         r = pg.catformer_loss_and_grad(task, model, params)  # JIT warm-up
         t, c = median_times(lambda: pg.catformer_loss_and_grad(task, model, params), repeats)
         t_loss = median_time(lambda: pg.catformer_loss(task, model, params), repeats)
@@ -254,6 +267,7 @@ def main(argv=None):
     ap.add_argument("--no-jax", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--no-table", action="store_true")
+    ap.add_argument("--no-equivariant", action="store_true", help="skip the equivariant (orbit-reduced) rows")
     ap.add_argument("--sweep-from", type=int, nargs=2, default=(4, 4), metavar=("T_S2", "T_S3"),
                     help="first T of the sweep at S=2 and S=3")
     args = ap.parse_args(argv)
@@ -276,6 +290,10 @@ def main(argv=None):
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     if not args.no_table:
         bench_table(args.repeats, use_jax, args.jax_chunk, peak)
+    if not args.no_equivariant:
+        print("\nEquivariant parameters (a zero-start trajectory; the exact orbit reduction, DESIGN §21; "
+              "JAX runs the whole enumeration; flops/GFLOP/s columns count the full enumeration):")
+        bench_table(args.repeats, use_jax, args.jax_chunk, peak, equivariant=True)
     if not args.no_sweep:
         print(f"\nT sweep, heads (1, 1), one numba thread's CPU time: the largest T with a gradient in "
               f"≤ {args.budget:g} s")

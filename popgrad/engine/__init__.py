@@ -15,7 +15,10 @@
 * :mod:`.field` -- the Stage-1 field (DESIGN §12): ``stage1_field`` by enumeration or count generating
   functions, no ``S**T``;
 * :mod:`.floor` -- the exact floor of the ε-perturbed loss (water-filling, DESIGN §15);
-* :mod:`.noise` -- the per-sample gradient's exact mean and covariance (``gradient_noise``);
+* :mod:`.noise` -- the per-sample gradient's exact mean and covariance (``gradient_noise``; block protocol);
+* :mod:`.catformer` -- the full model's exact loss and gradients (trie engine on the block protocol, the rows
+  kernel ``catformer_rows_loss_and_grad``); :mod:`.catformer_symmetry` -- its exact orbit reduction along
+  relabeling-equivariant parameters (DESIGN §21);
 * :mod:`.options` -- :class:`EngineOptions`, the engines' tunables in one object;
 * :mod:`._args` -- validation of the engines' arguments (``validate``, ``options_or_default``);
 * :mod:`.result` -- :class:`LossAndGrad` and the one softmax-Jacobian finish;
@@ -44,6 +47,7 @@ from .baselines import (
     optimal_loss,
     optimal_loss_multi,
 )
+from .catformer import catformer_rows_loss_and_grad
 from .floor import floor_loss
 from .noise import GradientNoise, flatten_grad, gradient_noise, gradient_noise_numpy, stage1_row_noise
 from .field import Stage1Field, field_atoms, stage1_field, stage1_field_from_atoms, stage1_field_numpy
@@ -61,5 +65,5 @@ __all__ = [
     "construction_loss", "optimal_loss_multi", "bayes_loss_multi", "count_estimator_loss_multi",
     "construction_loss_multi",
     "GradientNoise", "gradient_noise", "gradient_noise_numpy", "flatten_grad",
-    "stage1_row_noise", "official_bayes_loss", "official_bayes_predict",
+    "stage1_row_noise", "official_bayes_loss", "official_bayes_predict", "catformer_rows_loss_and_grad",
 ]

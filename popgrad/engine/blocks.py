@@ -4,8 +4,11 @@ An engine splits its ``S**T`` (or canonical) sequences into a fixed set of
 blocks numbered ``0 … n_blocks-1``; the set depends on ``S``, ``T``, the mode
 and the :class:`EngineOptions` only. Each block writes one slot of per-block
 partial sums, and the slots are added in block order, so the result does not
-depend on which thread or process ran which block. An engine module
-(:mod:`popgrad.engine.single`, :mod:`popgrad.engine.multi`) exposes:
+depend on which thread or process ran which block. Every engine module
+(:mod:`popgrad.engine.single`, :mod:`popgrad.engine.multi`, the full model's
+:mod:`popgrad.engine.catformer`, the gradient noise's :mod:`popgrad.engine.noise`)
+exposes (the reduced engines' types shown; the others have their own job and
+partials NamedTuples, a loss-only job's partials carrying empty gradient slots):
 
 ``blocks(task, A1, A2, eps, want_grad, ...) -> BlockJob``
     Every decision of the call (engine, orbit reduction, layer-1 attention
@@ -78,9 +81,11 @@ class Partials(NamedTuple):
     dA2: np.ndarray
 
 
-def concat_partials(parts) -> Partials:
-    """The :class:`Partials` of consecutive ranges, given in block order, as one."""
+def concat_partials(parts):
+    """The partials of consecutive ranges, given in block order, as one (any engine's NamedTuple of slot
+    arrays, block axis first: :class:`Partials`, the full model's, the gradient noise's)."""
     parts = list(parts)
     if len(parts) == 1:
         return parts[0]
-    return Partials(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
+    kind = type(parts[0])
+    return kind(*(np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))))

@@ -22,9 +22,20 @@ Two implementations of the same sum:
 
 The enumeration is split into ``S**D`` fixed blocks (the sequences sharing
 their first ``D`` tokens, ``D`` a function of ``S``, ``T`` and the options
-only); :func:`run_blocks` runs a contiguous range of blocks into one slot
-each, and the slots are added in block order, so the result does not depend
-on the thread count nor on how a ``client=`` splits the range.
+only), on the block protocol of :mod:`popgrad.engine.blocks`: :func:`blocks`
+decides the call, :func:`block_work` weighs the blocks, :func:`run_blocks` runs
+a contiguous range of blocks into one slot each and :func:`finish_blocks` adds
+the slots in block order, so the result does not depend on the thread count
+nor on how a ``client=`` splits the range.
+
+:func:`catformer_rows_loss_and_grad` takes the same sum over given rows with given weights (sampled
+batches with soft labels, weight tables): the rows kernel walks the sorted rows as the paths of a trie.
+Along relabeling-equivariant parameters on a relabeling-closed prior, :func:`catformer_loss_and_grad`
+sums one canonical sequence per orbit through the rows kernel and symmetrizes the gradient (DESIGN §21,
+:mod:`popgrad.engine.catformer_symmetry`); ``symmetry="off"`` turns that off.
+
+Stable logs: the readout's log-softmax is ``(z_c - max z) - log Σ_c' e^(z_c' - max z)``; the last term
+lies in ``[0, log S]`` and is never added to a large logit, so no loss rounds below its floor.
 """
 from __future__ import annotations
 
@@ -36,11 +47,13 @@ import numpy as np
 
 from .._validation import ArgumentTypeError, as_eps, as_seqs, warn_inf
 from ..model.catformer import CatFormer, catformer_backward, check_task_model
-from ..task.tasks import MultiParentTask
+from ..task.tasks import MultiParentTask, Task
+from . import catformer_symmetry as _sym
+from . import table as _table
 from ._args import options_or_default
 from ._kernels import catformer as _kc
 from ._kernels.twins import use_parallel
-from . import table as _table
+from .symmetry import MAX_SYMMETRY_S, exactly_closed, weighted_sequences
 
 __all__ = ["CatFormerLossAndGrad", "catformer_loss_and_grad", "catformer_loss", "catformer_loss_and_grad_numpy",
            "catformer_rows_loss_and_grad", "catformer_rows_loss_and_grad_numpy"]
@@ -73,7 +86,8 @@ def _validate(task, model, params, eps):
     return params, eps
 
 
-def catformer_loss_and_grad(task, model, params, eps=None, client=None, options=None) -> CatFormerLossAndGrad:
+def catformer_loss_and_grad(task, model, params, eps=None, client=None, options=None,
+                            symmetry="auto") -> CatFormerLossAndGrad:
     """Exact population loss and every gradient of the disentangled transformer (DESIGN §18).
 
     Parameters
@@ -90,7 +104,13 @@ def catformer_loss_and_grad(task, model, params, eps=None, client=None, options=
     client : dask.distributed.Client, optional
         Split the enumeration's blocks over the client's workers; bit-identical to ``client=None``.
     options : EngineOptions, optional
-        ``catformer_block_sequences`` sets the block size; default :data:`popgrad.DEFAULT_OPTIONS`.
+        ``prefix_block_sequences`` and ``max_blocks`` set the blocks; default :data:`popgrad.DEFAULT_OPTIONS`.
+    symmetry : {"auto", "on", "off"}, default "auto"
+        The exact orbit reduction (DESIGN §21, :mod:`popgrad.engine.catformer_symmetry`): ``"auto"`` uses
+        it when the prior is exactly closed under relabeling (single-parent task, ``S ≥ 2``) and ``params``
+        is relabeling-equivariant to ``EQUIV_RTOL`` (checked at every call); ``"on"`` requires it (else a
+        ValueError naming the failed condition); ``"off"`` never. The reduced sum runs in this process
+        (``client`` is then not used).
 
     Returns
     -------
@@ -105,31 +125,53 @@ def catformer_loss_and_grad(task, model, params, eps=None, client=None, options=
         If ``S**T`` exceeds ``task.max_sequences`` (before any work).
     """
     params, eps = _validate(task, model, params, eps)
-    return _dispatch(task, model, params, eps, True, client, options_or_default(options))
+    return _dispatch(task, model, params, eps, True, client, options_or_default(options), symmetry)
 
 
-def catformer_loss(task, model, params, eps=None, client=None, options=None) -> float:
+def catformer_loss(task, model, params, eps=None, client=None, options=None, symmetry="auto") -> float:
     """Exact population loss only; same parameters and conventions as :func:`catformer_loss_and_grad`."""
     params, eps = _validate(task, model, params, eps)
-    return _dispatch(task, model, params, eps, False, client, options_or_default(options)).loss
+    return _dispatch(task, model, params, eps, False, client, options_or_default(options), symmetry).loss
 
 
-def _dispatch(task, model, params, eps, want_grad, client, opts) -> CatFormerLossAndGrad:
+def _use_reduction(task, model, params, symmetry) -> bool:
+    if symmetry not in ("auto", "on", "off"):
+        raise ValueError(f"symmetry must be 'auto', 'on' or 'off', got {symmetry!r}")
+    if symmetry == "off":
+        return False
+    if symmetry == "auto":
+        return _sym.reduction_applies(task, model, params)
+    if not (isinstance(task, Task) and 2 <= task.S <= MAX_SYMMETRY_S and exactly_closed(task.prior)):
+        raise ValueError("symmetry='on' needs a single-parent task with 2 <= S <= 8 whose prior is closed under "
+                         "relabeling (e.g. FinitePrior.relabeling_closure); use symmetry='auto' or 'off'")
+    if not _sym.is_equivariant(model, params):
+        raise ValueError(f"symmetry='on' needs relabeling-equivariant params (defect "
+                         f"{_sym.equivariance_defect(model, params):.3g} > EQUIV_RTOL * max|params|); "
+                         "use symmetry='auto' or 'off'")
+    return True
+
+
+def _dispatch(task, model, params, eps, want_grad, client, opts, symmetry="off") -> CatFormerLossAndGrad:
     task.check_size()
+    if client is not None:
+        from . import distributed as _distributed
+
+        _distributed.check_client(client)
+    if _use_reduction(task, model, params, symmetry):
+        return _reduced(task, model, params, eps, want_grad, opts)
     if _table.use_table(task, per_atom=True) and (client is None or task.continuous):  # the one rule (DESIGN §20)
         if client is not None:
             raise ValueError("client=: the weight-table path of a continuous prior runs in this process; "
                              "call without client")
         return _table_dispatch(task, model, params, eps, want_grad, opts)
-    job = make_job(task, model, params, eps, want_grad, opts)
-    if client is not None:  # the same blocks over the client's workers (imports no Dask itself)
+    job = blocks(task, model, params, eps, want_grad, opts)
+    if client is None:
+        partials = run_blocks(task, job)
+    else:  # the same blocks over the client's workers (imports no Dask itself)
         from . import distributed as _distributed
 
-        loss_s, gr_s, _ = _distributed.run_blocks(client, task, job, np.ones(job.n_blocks, dtype=np.int64),
-                                                  run_chunk)
-    else:
-        loss_s, gr_s, _ = run_chunk(task, job, 0, job.n_blocks)
-    return finish_slots(model, job, loss_s, gr_s)
+        partials = _distributed.run_blocks(client, task, job, block_work(task, job), run_blocks)
+    return finish_blocks(job, partials)
 
 
 def _table_dispatch(task, model, params, eps, want_grad, opts) -> CatFormerLossAndGrad:
@@ -137,9 +179,9 @@ def _table_dispatch(task, model, params, eps, want_grad, opts) -> CatFormerLossA
     :func:`catformer_rows_loss_and_grad` on every sequence in enumeration order (already sorted by tokens,
     so the same blocks and bits as that function on ``(all sequences, weight_table)``), chunked in whole
     blocks when the table is not kept."""
-    job = make_job(None, model, params, eps, want_grad, opts)
-    per = int(opts.catformer_rows_per_block)
+    job = blocks(None, model, params, eps, want_grad, opts)
     N = task.n_sequences
+    per = max(int(opts.catformer_rows_per_block), -(-N // int(opts.max_blocks)))  # _rows_partials' blocks
     n_blocks = max(1, -(-N // per))
     loss_s = np.zeros(n_blocks)
     gr_s = np.zeros((n_blocks, job.n_A + job.w_shape[0] * job.w_shape[1]))
@@ -149,9 +191,9 @@ def _table_dispatch(task, model, params, eps, want_grad, opts) -> CatFormerLossA
         seqs, w = _table.table_rows(task, lo, hi)
         b0, b1 = lo // per, -(-hi // per)
         kernel = _kc.run_rows if use_parallel(b1 - b0, hi - lo, opts) else _kc.run_rows_serial
-        kernel(seqs, w, per, job.sizes, job.hinfo, job.prm, job.eps, job.softmax_readout, bool(want_grad),
+        kernel(seqs, w, per, job.sizes, job.hinfo, job.prm, job.eps, job.softmax_readout, job.want_grad,
                loss_s[b0:b1], gr_s[b0:b1])
-    return finish_blocks_of(model, job, loss_s, gr_s)
+    return finish_blocks(job, CatFormerPartials(loss_s, gr_s))
 
 
 def _table_chunk_blocks(per) -> int:
@@ -198,19 +240,43 @@ def catformer_rows_loss_and_grad(seqs, w, model, params, eps=None, options=None,
     for any thread count and any order of the given rows.
     """
     seqs, w, params, eps, opts = _validate_rows(seqs, w, model, params, eps, options)
-    n = seqs.shape[0]
-    job = make_job(None, model, params, eps, want_grad, opts)
-    if n:
+    job = blocks(None, model, params, eps, want_grad, opts)
+    if seqs.shape[0]:
         order = np.lexsort(np.concatenate([w.T[::-1], seqs.T[::-1]]))  # by tokens, ties by weights
         seqs = np.ascontiguousarray(seqs[order])
         w = np.ascontiguousarray(w[order])
-    per = int(opts.catformer_rows_per_block)
+    return finish_blocks(job, _rows_partials(job, seqs, w, opts))
+
+
+def _rows_partials(job, seqs, w, opts) -> CatFormerPartials:
+    """The rows kernel on sorted rows: blocks of ``max(catformer_rows_per_block, ⌈n / max_blocks⌉)`` rows."""
+    n = seqs.shape[0]
+    per = max(int(opts.catformer_rows_per_block), -(-n // int(opts.max_blocks)))
     n_blocks = max(1, -(-n // per))
     loss_s = np.zeros(n_blocks)
     gr_s = np.zeros((n_blocks, job.n_A + job.w_shape[0] * job.w_shape[1]))
     kernel = _kc.run_rows if use_parallel(n_blocks, n, opts) else _kc.run_rows_serial
-    kernel(seqs, w, per, job.sizes, job.hinfo, job.prm, job.eps, job.softmax_readout, bool(want_grad), loss_s, gr_s)
-    return finish_blocks_of(model, job, loss_s, gr_s)
+    kernel(seqs, w, per, job.sizes, job.hinfo, job.prm, job.eps, job.softmax_readout, job.want_grad, loss_s, gr_s)
+    return CatFormerPartials(loss_s, gr_s)
+
+
+# ====================================================================== the orbit reduction (DESIGN §21)
+def _reduced(task, model, params, eps, want_grad, opts) -> CatFormerLossAndGrad:
+    """The orbit-reduced sum (:mod:`popgrad.engine.catformer_symmetry`): the canonical sequences with their
+    orbit sizes through the rows kernel (chunks in lexicographic order, added in order), then ``Sym``."""
+    job = blocks(task, model, params, eps, want_grad, opts)
+    loss = 0.0
+    g = None
+    for seqs, w, mult in weighted_sequences(task, "auto", opts):
+        part = _rows_partials(job, seqs, np.ascontiguousarray(w * mult[:, None]), opts)
+        loss += float(_kc.sum_slots(part.loss, part.gr)) if want_grad else float(_kc.sum_loss(part.loss))
+        if want_grad:
+            g = part.gr[0].copy() if g is None else g + part.gr[0]
+    if not want_grad:
+        return _finish(loss, None, None, False)
+    dA, dW = _unflatten(job, g)
+    dA, dW = _sym.symmetrize_params(model, dA, dW)
+    return _finish(loss, dA, dW, True)
 
 
 def catformer_rows_loss_and_grad_numpy(seqs, w, model, params, eps=None, chunk=4096) -> CatFormerLossAndGrad:
@@ -258,17 +324,15 @@ def _validate_rows(seqs, w, model, params, eps, options):
 
 # ====================================================================== the trie engine
 class CatFormerJob(NamedTuple):
-    """One evaluation, ready for the kernels: the model's flat arrays and the block structure.
+    """One evaluation, decided (the block protocol of :mod:`popgrad.engine.blocks`): the model's flat arrays
+    and the block structure.
 
-    ``kind = "catformer"`` routes it in :mod:`popgrad.engine.distributed` (a worker runs
-    :func:`run_chunk`). ``sizes = (T, S, d_0, d_w, n_heads, d_max, n_last', d_L, n_A, d_{L-1}, n_inner, last0,
-    n_last)`` (``d_w = max(d_{L-1}, d_0)``, ``n_last' = max(n_last, 1)``, ``n_A`` the length of the flat ``Ã``);
+    ``sizes`` is a :class:`popgrad.engine._kernels.catformer.Sizes` (the kernels' named sizes);
     ``hinfo[g] = (layer, d_in, out offset, offset in Af)`` for the heads in global order (layer by layer;
-    heads ``last0 …`` are the last layer's); ``prm = [Af | AfT | W | WT]`` flat (``AfT`` every head's
-    ``Ãᵀ``).
+    the last layer's heads last); ``prm = [Af | AfT | W | WT]`` flat (``AfT`` every head's ``Ãᵀ``);
+    ``a_shapes`` the shapes of ``params.A`` (to unflatten the gradient).
     """
 
-    kind: str
     n_fixed: int
     n_blocks: int
     sizes: tuple
@@ -276,10 +340,19 @@ class CatFormerJob(NamedTuple):
     prm: np.ndarray
     n_A: int
     w_shape: tuple
+    a_shapes: tuple
     eps: float
     softmax_readout: bool
     want_grad: bool
     parallel: bool
+
+
+class CatFormerPartials(NamedTuple):
+    """Per-block slots of a range of ``n`` blocks, in block order: ``loss (n,)``, ``gr (n, n_A + d_L·S)``
+    (``gr[b] = [dA | dW]`` flat; ``(n, 0)`` for a loss-only job)."""
+
+    loss: np.ndarray
+    gr: np.ndarray
 
 
 def block_count(S, T, opts):
@@ -298,8 +371,10 @@ def block_count(S, T, opts):
     return n_fixed, S**n_fixed
 
 
-def make_job(task, model, params, eps, want_grad, opts) -> CatFormerJob:
-    """Flatten validated parameters into a :class:`CatFormerJob`."""
+def blocks(task, model, params, eps, want_grad, opts) -> CatFormerJob:
+    """The call's job on validated input (``task=None``: explicit rows, no enumeration)."""
+    if task is not None:
+        task.check_size()
     S, T, dims = model.S, model.T, model.dims
     L = model.n_layers
     rows, off = [], 0
@@ -314,13 +389,18 @@ def make_job(task, model, params, eps, want_grad, opts) -> CatFormerJob:
     prm = np.ascontiguousarray(np.concatenate([Af, AfT, params.W.reshape(-1), params.W.T.reshape(-1)]))
     n_last = model.heads[-1]
     n_inner = len(rows) - n_last
-    dl1 = dims[L - 1]
-    sizes = (T, S, dims[0], max(dl1, dims[0]), len(rows), max(r[1] for r in rows), max(n_last, 1), dims[L],
-             len(Af), dl1, n_inner, n_inner, n_last)
+    sizes = _kc.make_sizes(T, S, dims[0], dims[L - 1], len(rows), max(r[1] for r in rows), n_last, dims[L],
+                           len(Af), n_inner)
     n_fixed, n_blocks = block_count(S, T, opts)
     parallel = task is not None and use_parallel(n_blocks, task.n_sequences, opts)
-    return CatFormerJob("catformer", n_fixed, n_blocks, tuple(int(x) for x in sizes), hinfo, prm, len(Af),
-                        tuple(params.W.shape), float(eps), model.readout == "softmax", bool(want_grad), parallel)
+    return CatFormerJob(n_fixed, n_blocks, sizes, hinfo, prm, len(Af), tuple(params.W.shape),
+                        tuple(a.shape for a in params.A), float(eps), model.readout == "softmax", bool(want_grad),
+                        parallel)
+
+
+def block_work(task, job) -> np.ndarray:
+    """Relative cost of each block, ``(n_blocks,)`` int64: all equal (whole subtrees of one size)."""
+    return np.ones(job.n_blocks, dtype=np.int64)
 
 
 def weight_arrays(task):
@@ -362,13 +442,10 @@ def _atoms_last(tab):
     return np.ascontiguousarray(np.transpose(tab, (1, 2, 0)))
 
 
-def run_chunk(task, job, lo, hi):
-    """Blocks ``lo … hi-1`` of ``job``: slots ``(loss (n,), gr (n, n_A + d_L·S), empty (n, 0))``, in block order.
-
-    The one block runner: the local path runs ``0 … n_blocks`` through it and a Dask worker a chunk
-    (:mod:`popgrad.engine.distributed`, which concatenates the three slot arrays of its chunks); a block's
-    slot is the same bits either way. ``gr[b] = [dA | dW]`` flat.
-    """
+def run_blocks(task, job, lo=0, hi=None) -> CatFormerPartials:
+    """The slots of blocks ``lo … hi-1`` of ``job`` (``hi=None``: to the last), bit for bit those of a
+    whole-range run (a Dask worker runs a chunk, :mod:`popgrad.engine.distributed`)."""
+    hi = job.n_blocks if hi is None else hi
     n = hi - lo
     npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT = weight_arrays(task)
     loss_s = np.zeros(n)
@@ -376,23 +453,27 @@ def run_chunk(task, job, lo, hi):
     kernel = _kc.run_blocks if job.parallel and n > 1 else _kc.run_blocks_serial
     kernel(lo, job.n_fixed, job.sizes, job.hinfo, job.prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
            job.eps, job.softmax_readout, job.want_grad, loss_s, gr_s)
-    return loss_s, gr_s, np.zeros((n, 0))
+    return CatFormerPartials(loss_s, gr_s if job.want_grad else np.zeros((n, 0)))
 
 
-def finish_slots(model, job, loss_s, gr_s, _unused=None) -> CatFormerLossAndGrad:
-    """Add the slots in block order and unflatten ``[dA | dW]`` into the structure of ``params``."""
-    return finish_blocks_of(model, job, loss_s, gr_s)
-
-
-def finish_blocks_of(model, job, loss_s, gr_s) -> CatFormerLossAndGrad:
-    """Add the slots in block order and unflatten ``[dA | dW]`` into the structure of ``params``."""
+def finish_blocks(job, partials) -> CatFormerLossAndGrad:
+    """All blocks' slots, in block order: added in block order, ``[dA | dW]`` unflattened as ``params``."""
+    loss_s, gr_s = partials
+    if not job.want_grad:
+        return _finish(float(_kc.sum_loss(loss_s)), None, None, False)
     loss = float(_kc.sum_slots(loss_s, gr_s))
-    g = gr_s[0]
+    dA, dW = _unflatten(job, gr_s[0])
+    return _finish(loss, dA, dW, True)
+
+
+def _unflatten(job, g):
+    """``[dA | dW]`` flat -> ``(dA list, dW)`` (copies)."""
     dA, off = [], 0
-    for m, d in zip(model.heads, model.dims[:-1]):
-        dA.append(g[off:off + m * d * d].reshape(m, d, d).copy())
-        off += m * d * d
-    return _finish(loss, dA, g[off:].reshape(job.w_shape).copy(), job.want_grad)
+    for shape in job.a_shapes:
+        size = int(np.prod(shape))
+        dA.append(g[off:off + size].reshape(shape).copy())
+        off += size
+    return dA, g[off:].reshape(job.w_shape).copy()
 
 
 def catformer_loss_and_grad_numpy(task, model, params, eps=None, chunk=4096) -> CatFormerLossAndGrad:

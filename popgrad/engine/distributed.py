@@ -32,8 +32,11 @@ and ships ranges:
   cleared, evicted, a task stolen by another worker) answers ``MISSING`` and
   the chunk is resubmitted with the task.
 
-Any engine with a block runner works (prefix, direct, k-head): the runner's
-``run_blocks`` function is shipped by reference. Dask is never imported here
+Every engine has a block runner (prefix, direct, k-head, the full model, the
+gradient noise) and is treated alike: the runner's ``run_blocks`` function is
+shipped by reference and returns a NamedTuple of slot arrays (block axis first;
+a loss-only job's runner returns empty gradient slots, so nothing unneeded
+travels). Dask is never imported here
 (nor at ``import popgrad``): the client object is duck-typed.
 
 Workers should run single-threaded numba (``NUMBA_NUM_THREADS=1``, one thread
@@ -49,7 +52,7 @@ import numpy as np
 
 from .._validation import ArgumentTypeError
 from . import single as _single
-from .blocks import BlockJob, Partials, concat_partials
+from .blocks import concat_partials
 
 __all__ = ["run_blocks", "check_client", "chunk_bounds", "worker_stats", "clear_worker_caches",
            "prepare_worker", "worker_env", "MISSING"]
@@ -59,25 +62,26 @@ MISSING = "popgrad-task-missing"
 
 
 # ====================================================================== client side
-def run_blocks(client, task, job, work, run) -> Partials:
-    """All blocks of ``job`` over ``client``'s workers: the :class:`Partials` of blocks ``0 … n_blocks-1``.
+def run_blocks(client, task, job, work, run):
+    """All blocks of ``job`` over ``client``'s workers: the slots (the engine's partials) of blocks ``0 … n_blocks-1``.
 
     Parameters
     ----------
     client : dask.distributed.Client
     task : Task or MultiParentTask
         Validated; ``job`` was decided for it by its engine's ``blocks``.
-    job : BlockJob
+    job : NamedTuple
+        The engine's job (:class:`popgrad.engine.blocks.BlockJob`, the full model's or the noise engine's).
     work : int array, shape (n_blocks,)
         Relative cost of each block (the engine's ``block_work``): the chunks carry about equal work.
     run : callable
-        The engine's ``run_blocks(task, job, lo, hi) -> Partials`` (a module-level function: it is
-        shipped to the workers by reference).
+        The engine's ``run_blocks(task, job, lo, hi)`` returning a NamedTuple of per-block slot arrays
+        (a module-level function: it is shipped to the workers by reference).
 
     Returns
     -------
-    Partials
-        In block order, bit for bit ``run(task, job)`` (all ``len(work)`` blocks).
+    NamedTuple
+        Of ``run``'s type, in block order, bit for bit ``run(task, job)`` (all ``len(work)`` blocks).
     """
     check_client(client)
     return _run(client, task, job, work, run)
@@ -148,7 +152,7 @@ def _run(client, task, job, work, run):
     with _SENT_LOCK:
         for c in range(len(chunks)):
             _SENT.setdefault(workers[c][1], set()).add(fp)
-    return concat_partials(Partials(*r) for r in results)
+    return concat_partials(results)
 
 
 def worker_stats(client) -> dict:
@@ -222,10 +226,7 @@ def _run_chunk(fp, task, run, job, lo, hi):
     if held is None:
         return MISSING
     prepare_worker()
-    loss, G, dA2 = run(held, job, lo, hi)
-    if not job.want_grad and isinstance(job, BlockJob):  # a loss-only job ships no gradient slots
-        G, dA2 = np.zeros(G.shape[:-2] + (1, 1)), np.zeros(dA2.shape[:-2] + (1, 1))
-    return loss, G, dA2
+    return run(held, job, lo, hi)
 
 
 #: The environment of a worker that :func:`worker_env` gives: one numba thread per worker process.

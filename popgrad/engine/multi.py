@@ -56,6 +56,7 @@ from ._kernels import multi as _km
 from ._kernels import ranges as _kr
 from ._kernels import table as _kt
 from . import table as _table
+from ._kernels.twins import use_parallel
 from .blocks import BlockJob, Partials
 from .result import LossAndGrad, finish
 
@@ -120,10 +121,10 @@ def run_blocks(task, job, lo=0, hi=None) -> Partials:
     loss_s = np.zeros(n)
     G_s = np.zeros((n, k, T, T) if job.want_grad else (n, k, 1, 1))
     dA2_s = np.zeros((n, k, S, S) if job.want_grad else (n, k, 1, 1))
-    parallel = n_blocks > 1 and n > 1 and task.n_sequences >= job.opts.parallel_min_sequences
+    parallel = use_parallel(n_blocks, task.n_sequences, job.opts) and n > 1
     kernel = _kr.loss_grad_multi_range if parallel else _kr.loss_grad_multi_range_serial
     kernel(lo, parents, tp, atoms, pk0, job.P, job.A2, job.eps, D, job.want_grad, loss_s, G_s, dA2_s)
-    return Partials(loss_s, G_s, dA2_s)
+    return Partials(loss_s, G_s, dA2_s)  # loss-only: the gradient slots are (n, k, 1, 1) already
 
 
 def finish_blocks(job, partials) -> LossAndGrad:

@@ -26,7 +26,10 @@ for a k-head task ``concat(dA1[0][tril], …, dA1[k-1][tril], dA2.ravel())``
 :func:`flatten_grad` is that map.
 
 Kernels: :mod:`popgrad.engine._kernels.noise` (numba, blocks summed in
-order: thread-count independent); NumPy reference :func:`gradient_noise_numpy`
+order: thread-count independent) on the block protocol of
+:mod:`popgrad.engine.blocks` (:func:`blocks`, :func:`block_work`,
+:func:`run_blocks`, :func:`finish_blocks`; ``client=`` splits the blocks over
+Dask workers, bit-identical); NumPy reference :func:`gradient_noise_numpy`
 (the per-token gradients of a chunk as arrays, ``Jᵀ Y2 J`` as one product).
 """
 from __future__ import annotations
@@ -41,23 +44,55 @@ from ..model.multihead import _forward as multihead_forward
 from ..model.multihead import head_attention
 from ..model.reduced import first_layer_attention, softmax
 from ..task.tasks import MultiParentTask, decode_sequences, parent_rows
-from ._args import validate
+from ._args import options_or_default, validate
 from ._kernels import noise as _kn
+from ._kernels.twins import use_parallel
 from .result import LossAndGrad
 
 __all__ = ["GradientNoise", "gradient_noise", "gradient_noise_numpy", "flatten_grad", "stage1_row_noise",
            "RowNoise"]
 
-#: Sequences per block of the kernels, at least (fixed by ``S**T``: the block sums do not depend on the thread
-#: count); at most ``_MAX_BLOCKS`` blocks, so the per-block slots (``D×D`` or ``T×T×T`` each) stay small.
-_BLOCK = 2048
-_MAX_BLOCKS = 64
-
-
-def _blocks(n_sequences) -> tuple:
-    """``(n_blocks, block)`` covering ``n_sequences`` (a function of the count only)."""
-    n_blocks = min(_MAX_BLOCKS, max(1, -(-n_sequences // _BLOCK)))
+def noise_blocks(n_sequences, opts) -> tuple:
+    """``(n_blocks, block)`` covering ``n_sequences``: blocks of at least ``opts.noise_block_sequences``
+    sequences, at most ``opts.noise_max_blocks`` of them (each slot is ``D×D`` or ``T×T×T``); a function of
+    the count and the options only."""
+    n_blocks = min(opts.noise_max_blocks, max(1, -(-n_sequences // opts.noise_block_sequences)))
     return n_blocks, -(-n_sequences // n_blocks)
+
+
+class NoiseJob(NamedTuple):
+    """One call of the noise engine, decided (the block protocol of :mod:`popgrad.engine.blocks`).
+
+    ``mode`` is ``"moments"`` (:func:`gradient_noise`) or ``"rows"`` (:func:`stage1_row_noise`); ``k`` the
+    heads of a k-parent task (``None``: single-parent); ``P`` the layer-1 attention, ``A2``, ``eps``;
+    ``n_blocks`` blocks of ``block`` consecutive sequence numbers; ``parallel`` the twin to run.
+    """
+
+    mode: str
+    S: int
+    T: int
+    k: object
+    P: np.ndarray
+    A2: np.ndarray
+    eps: float
+    n_blocks: int
+    block: int
+    parallel: bool
+
+
+class MomentPartials(NamedTuple):
+    """Per-block slots of :func:`gradient_noise`: ``mean (n, D)``, ``M2 (n, D, D)``, ``moments (n, 2)``."""
+
+    mean: np.ndarray
+    M2: np.ndarray
+    moments: np.ndarray
+
+
+class RowPartials(NamedTuple):
+    """Per-block slots of :func:`stage1_row_noise`: ``mean (n, T, T)``, ``R (n, T, T, T)``."""
+
+    mean: np.ndarray
+    R: np.ndarray
 
 
 class GradientNoise(NamedTuple):
@@ -117,7 +152,7 @@ def flatten_grad(dA1, dA2) -> np.ndarray:
     return np.concatenate([dA1[..., r, c].ravel(), dA2.ravel()])
 
 
-def gradient_noise(task, A1, A2, eps=None) -> GradientNoise:
+def gradient_noise(task, A1, A2, eps=None, options=None, client=None) -> GradientNoise:
     """Exact mean and covariance of the per-sample gradient at ``(A1, A2)`` (module docstring).
 
     Parameters
@@ -128,6 +163,11 @@ def gradient_noise(task, A1, A2, eps=None) -> GradientNoise:
     A2 : array_like, shape (S, S), or (k, S, S)
     eps : float, optional
         Loss perturbation; default ``task.default_eps``.
+    options : EngineOptions, optional
+        ``noise_block_sequences``, ``noise_max_blocks`` (the blocks) and ``parallel_min_sequences``;
+        default :data:`popgrad.DEFAULT_OPTIONS`.
+    client : dask.distributed.Client, optional
+        Split the blocks over the client's workers; bit-identical to ``client=None``.
 
     Returns
     -------
@@ -144,30 +184,86 @@ def gradient_noise(task, A1, A2, eps=None) -> GradientNoise:
         If ``S**T`` exceeds ``task.max_sequences``.
     """
     A1, A2, eps = validate(task, A1, A2, eps)
-    task.check_size()
-    S, T = task.S, task.T
-    n_blocks, block = _blocks(task.n_sequences)
+    return _run(task, blocks(task, A1, A2, eps, "moments", options_or_default(options)), client)
+
+
+def stage1_row_noise(task, A1, A2, eps=None, options=None, client=None) -> RowNoise:
+    """Mean ``dA1`` and its per-row covariances only, for a single-parent task (``O(T³)`` per sequence).
+
+    The rows of :func:`gradient_noise` (``row_cov`` equal to rounding) without the ``D×D`` matrix:
+    what the Stage-1 sample-complexity check needs, at ``T`` up to about 22 for ``S = 2``. ``options`` and
+    ``client`` as in :func:`gradient_noise`.
+    """
+    A1, A2, eps = validate(task, A1, A2, eps)
     if isinstance(task, MultiParentTask):
-        k = task.k
-        D = k * (T * (T + 1) // 2 + S * S)
-        P = np.ascontiguousarray(head_attention(A1))
-        parents, tp, atoms, pk0 = task.kernel_arrays()
-        mean_s, M2_s, mom_s = np.zeros((n_blocks, D)), np.zeros((n_blocks, D, D)), np.zeros((n_blocks, 2))
-        _kn.moments_multi(parents, tp, atoms, pk0, P, np.ascontiguousarray(A2), float(eps), block,
-                          mean_s, M2_s, mom_s)
+        raise ValueError("stage1_row_noise: single-parent tasks only; use gradient_noise(task, ...).row_cov")
+    return _run(task, blocks(task, A1, A2, eps, "rows", options_or_default(options)), client)
+
+
+def _run(task, job, client):
+    if client is None:
+        return finish_blocks(job, run_blocks(task, job))
+    from . import distributed as _distributed
+
+    return finish_blocks(job, _distributed.run_blocks(client, task, job, block_work(task, job), run_blocks))
+
+
+# ------------------------------------------------------------ the block runner (engine/blocks.py)
+def blocks(task, A1, A2, eps, mode, opts) -> NoiseJob:
+    """The call's job on validated input: ``mode`` ``"moments"`` or ``"rows"`` (single-parent only)."""
+    if mode not in ("moments", "rows"):
+        raise ValueError(f"mode must be 'moments' or 'rows', got {mode!r}")
+    task.check_size()
+    multi = isinstance(task, MultiParentTask)
+    if multi and mode == "rows":
+        raise ValueError("the row noise is for single-parent tasks only")
+    n_blocks, block = noise_blocks(task.n_sequences, opts)
+    P = np.ascontiguousarray(head_attention(A1) if multi else first_layer_attention(A1))
+    return NoiseJob(mode, task.S, task.T, task.k if multi else None, P, np.ascontiguousarray(A2, dtype=np.float64),
+                    float(eps), n_blocks, block, use_parallel(n_blocks, task.n_sequences, opts))
+
+
+def block_work(task, job) -> np.ndarray:
+    """Relative cost of each block, ``(n_blocks,)`` int64: all equal (the last may be shorter)."""
+    return np.ones(job.n_blocks, dtype=np.int64)
+
+
+def run_blocks(task, job, lo=0, hi=None):
+    """The slots of blocks ``lo … hi-1`` (``hi=None``: to the last): :class:`MomentPartials` or
+    :class:`RowPartials`, bit for bit those of a whole-range run."""
+    hi = job.n_blocks if hi is None else hi
+    n = hi - lo
+    S, T = job.S, job.T
+    par = job.parallel and n > 1
+    if job.mode == "rows":
+        mean_s, R_s = np.zeros((n, T, T)), np.zeros((n, T, T, T))
+        kernel = _kn.row_moments_single if par else _kn.row_moments_single_serial
+        kernel(lo, *task.kernel_arrays(), job.P, job.A2, job.eps, job.block, mean_s, R_s)
+        return RowPartials(mean_s, R_s)
+    heads = 1 if job.k is None else job.k
+    D = heads * (T * (T + 1) // 2 + S * S)
+    mean_s, M2_s, mom_s = np.zeros((n, D)), np.zeros((n, D, D)), np.zeros((n, 2))
+    if job.k is None:
+        kernel = _kn.moments_single if par else _kn.moments_single_serial
     else:
-        D = T * (T + 1) // 2 + S * S
-        P = np.ascontiguousarray(first_layer_attention(A1))
-        mean_s, M2_s, mom_s = np.zeros((n_blocks, D)), np.zeros((n_blocks, D, D)), np.zeros((n_blocks, 2))
-        _kn.moments_single(*task.kernel_arrays(), P, np.ascontiguousarray(A2), float(eps), block,
-                           mean_s, M2_s, mom_s)
-    return _assemble(task, _kn.sum_blocks(mean_s), _kn.sum_blocks(M2_s), _kn.sum_blocks(mom_s))
+        kernel = _kn.moments_multi if par else _kn.moments_multi_serial
+    kernel(lo, *task.kernel_arrays(), job.P, job.A2, job.eps, job.block, mean_s, M2_s, mom_s)
+    return MomentPartials(mean_s, M2_s, mom_s)
 
 
-def _assemble(task, mean, M2, moments) -> GradientNoise:
+def finish_blocks(job, partials):
+    """All blocks' slots, in block order: summed in block order, then the moments assembled
+    (:class:`GradientNoise` or :class:`RowNoise`)."""
+    if job.mode == "rows":
+        mean, R = _kn.sum_blocks(partials.mean), _kn.sum_blocks(partials.R)
+        row_cov = R - mean[:, :, None] * mean[:, None, :]
+        return RowNoise(mean, 0.5 * (row_cov + np.swapaxes(row_cov, 1, 2)))
+    return _assemble(job.S, job.T, job.k, _kn.sum_blocks(partials.mean), _kn.sum_blocks(partials.M2),
+                     _kn.sum_blocks(partials.moments))
+
+
+def _assemble(S, T, k, mean, M2, moments) -> GradientNoise:
     """``GradientNoise`` from the summed first and second moments (shared by kernel and reference)."""
-    S, T = task.S, task.T
-    k = task.k if isinstance(task, MultiParentTask) else None
     loss = float(moments[0])
     D1 = T * (T + 1) // 2
     if not math.isfinite(loss):
@@ -190,26 +286,6 @@ def _assemble(task, mean, M2, moments) -> GradientNoise:
     if k is None:
         dA1, dA2, row_cov = dA1[0], dA2[0], row_cov[0]
     return GradientNoise(LossAndGrad(loss, dA1, dA2), cov, row_cov, loss_var)
-
-
-def stage1_row_noise(task, A1, A2, eps=None) -> RowNoise:
-    """Mean ``dA1`` and its per-row covariances only, for a single-parent task (``O(T³)`` per sequence).
-
-    The rows of :func:`gradient_noise` (``row_cov`` equal to rounding) without the ``D×D`` matrix:
-    what the Stage-1 sample-complexity check needs, at ``T`` up to about 22 for ``S = 2``.
-    """
-    A1, A2, eps = validate(task, A1, A2, eps)
-    if isinstance(task, MultiParentTask):
-        raise ValueError("stage1_row_noise: single-parent tasks only; use gradient_noise(task, ...).row_cov")
-    task.check_size()
-    T = task.T
-    n_blocks, block = _blocks(task.n_sequences)
-    P = np.ascontiguousarray(first_layer_attention(A1))
-    mean_s, R_s = np.zeros((n_blocks, T, T)), np.zeros((n_blocks, T, T, T))
-    _kn.row_moments_single(*task.kernel_arrays(), P, np.ascontiguousarray(A2), float(eps), block, mean_s, R_s)
-    mean, R = _kn.sum_blocks(mean_s), _kn.sum_blocks(R_s)
-    row_cov = R - mean[:, :, None] * mean[:, None, :]
-    return RowNoise(mean, 0.5 * (row_cov + np.swapaxes(row_cov, 1, 2)))
 
 
 # ============================================================ NumPy reference
@@ -242,7 +318,7 @@ def gradient_noise_numpy(task, A1, A2, eps=None, chunk=4096) -> GradientNoise:
         mean = part_m if mean is None else mean + part_m
         M2 = part_2 if M2 is None else M2 + part_2
         moments += [np.sum(w * lc), np.einsum("ncd,nc,nd->", Y2, lc, lc)]
-    return _assemble(task, mean, M2, moments)
+    return _assemble(S, T, task.k if multi else None, mean, M2, moments)
 
 
 def _atom_probs(task, seqs):

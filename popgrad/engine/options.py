@@ -54,6 +54,10 @@ class EngineOptions:
         is at most this (its exponential tables must stay far from underflow).
     catformer_rows_per_block : int
         Rows per block of the full model's rows kernel (sampled batches, weight tables).
+    noise_block_sequences : int
+        Smallest number of sequences per block of the gradient-noise engine.
+    noise_max_blocks : int
+        Largest number of blocks of the gradient-noise engine (one ``D×D`` slot each).
     field_parallel_min_work : int
         Smallest work estimate (inner steps) for which a Stage-1 field kernel uses the thread
         pool; below it the ``_serial`` twin runs (same iterations, same bits).
@@ -73,6 +77,8 @@ class EngineOptions:
     a2_range_limit: float = 500.0
     field_parallel_min_work: int = 4_000_000
     catformer_rows_per_block: int = 256
+    noise_block_sequences: int = 2048
+    noise_max_blocks: int = 64
 
     def __post_init__(self):
         for f in fields(self):

@@ -104,6 +104,7 @@ from ._kernels import ranges as _kr
 from ._kernels import single as _k
 from ._kernels.numeric import LANES
 from . import table as _table
+from ._kernels.twins import use_parallel
 from .blocks import BlockJob, Partials
 from .options import DEFAULT_OPTIONS, ENGINES
 from .result import LossAndGrad
@@ -305,6 +306,8 @@ def run_blocks(task, job, lo=0, hi=None) -> Partials:
                job.want_grad, loss_s, G_s, dA2_s)
     else:
         raise ValueError(f"engine must be 'prefix' or 'direct', got {job.engine!r}")
+    if not job.want_grad:  # a loss-only job's gradient slots are unused: keep them from travelling
+        G_s, dA2_s = np.zeros((n, 1, 1)), np.zeros((n, 1, 1))
     return _new_partials((loss_s, G_s, dA2_s))
 
 
@@ -393,7 +396,7 @@ def _make_room(opts, nbytes):
 
 def _parallel(n_blocks, n_sequences, opts) -> bool:
     """Use the thread pool only when there is enough work (the blocks, hence the bits, are the same)."""
-    return n_blocks > 1 and n_sequences >= opts.parallel_min_sequences
+    return use_parallel(n_blocks, n_sequences, opts)
 
 
 # ------------------------------------------------------------ prefix engine plan

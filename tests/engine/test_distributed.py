@@ -67,6 +67,48 @@ def test_k_head_engine(client):
         assert pg.exact_loss(task, A1, A2, options=options, client=client) == ref.loss
 
 
+def test_full_model_engine(client):
+    """The full model on the same block protocol: slots over workers = the local slots, bit for bit."""
+    task = pg.Task(pg.random_tree(6, seed=2), pg.dirichlet_prior(3, 1.0, 2, seed=1))
+    model = pg.CatFormer(3, 6, heads=(2, 1))
+    p = model.init(0.5, 4)
+    params = pg.CatFormerParams(p.A, np.random.default_rng(0).normal(size=p.W.shape))
+    opts = pg.EngineOptions(prefix_block_sequences=9, parallel_min_sequences=1)
+    for o in (None, opts):
+        ref = pg.catformer_loss_and_grad(task, model, params, options=o)
+        r = pg.catformer_loss_and_grad(task, model, params, options=o, client=client)
+        assert r.loss == ref.loss and np.array_equal(r.dW, ref.dW)
+        assert all(np.array_equal(a, b) for a, b in zip(r.dA, ref.dA))
+        assert pg.catformer_loss(task, model, params, options=o, client=client) == \
+            pg.catformer_loss(task, model, params, options=o)
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_noise_engine(client, multi):
+    """The gradient-noise engine on the block protocol: ``client=`` and ``options=`` honoured, same bits."""
+    from popgrad.engine.noise import stage1_row_noise
+
+    if multi:
+        task = pg.MultiParentTask(pg.two_parent(5), pg.dirichlet_tensor_prior(2, 2, 1.0, 2, seed=0))
+        A1 = np.random.default_rng(0).normal(size=(2, 5, 5))
+        A2 = np.random.default_rng(1).normal(size=(2, 2, 2))
+    else:
+        task = _task(T=6)
+        A1, A2 = _params(task)
+    opts = pg.EngineOptions(noise_block_sequences=16, noise_max_blocks=64, parallel_min_sequences=1)
+    for o in (None, opts):
+        ref = pg.gradient_noise(task, A1, A2, options=o)
+        r = pg.gradient_noise(task, A1, A2, options=o, client=client)
+        assert np.array_equal(r.cov, ref.cov) and r.mean.loss == ref.mean.loss and r.loss_var == ref.loss_var
+        assert np.array_equal(r.row_cov, ref.row_cov)
+        if not multi:
+            a, b = stage1_row_noise(task, A1, A2, options=o), stage1_row_noise(task, A1, A2, options=o, client=client)
+            assert np.array_equal(a.dA1, b.dA1) and np.array_equal(a.row_cov, b.row_cov)
+    few = pg.gradient_noise(task, A1, A2)
+    many = pg.gradient_noise(task, A1, A2, options=opts)  # other blocks: rounding only
+    assert np.max(np.abs(few.cov - many.cov)) <= 1e-12 * np.max(np.abs(few.cov))
+
+
 def test_eps_zero_inf_loss(client):
     task = _task(T=6)
     A1, _ = _params(task)

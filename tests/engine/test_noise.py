@@ -187,13 +187,14 @@ def test_thread_count_independent():
     task = pg.Task(pg.chain(12), pg.dirichlet_prior(2, 1.0, 2, seed=0))  # 4096 sequences: two blocks
     A1, A2 = _params(task, 3)
     before = numba.get_num_threads()
+    opts = pg.EngineOptions(parallel_min_sequences=1)  # the parallel twin whenever there are 2 threads
     try:
         numba.set_num_threads(1)
-        a = pg.gradient_noise(task, A1, A2)
-        ra = stage1_row_noise(task, A1, A2)
+        a = pg.gradient_noise(task, A1, A2, options=opts)
+        ra = stage1_row_noise(task, A1, A2, options=opts)
         numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
-        b = pg.gradient_noise(task, A1, A2)
-        rb = stage1_row_noise(task, A1, A2)
+        b = pg.gradient_noise(task, A1, A2, options=opts)
+        rb = stage1_row_noise(task, A1, A2, options=opts)
     finally:
         numba.set_num_threads(before)
     assert np.array_equal(a.cov, b.cov) and np.array_equal(ra.row_cov, rb.row_cov)

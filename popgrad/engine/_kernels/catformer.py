@@ -1,7 +1,7 @@
 """Numba kernels of the disentangled-transformer engine (DESIGN §18): a trie walk, forward and reverse.
 
 Layout (built by :mod:`popgrad.engine.catformer`). Every array below is a
-region of one flat float64 workspace ``F`` (offsets: :func:`_offsets`), the
+region of one flat float64 workspace ``F`` (named sizes and offsets: :class:`Layout`), the
 parameters are one flat vector ``prm = [Ã (all heads) | Ãᵀ | W | Wᵀ]`` and the
 gradient one flat ``gr = [dÃ | dW]``, indexed with integer offsets: numba
 updates an atomic reference count for every array argument and every view, so
@@ -39,8 +39,11 @@ block ends with the backward pass of its fixed rows ``D-1 … 0``, so each
 block's slot is its exact partial gradient.
 
 ``cache=True``, no ``fastmath``; :func:`run_blocks` (parallel) and
-:func:`run_blocks_serial` run the same blocks into one slot each.
+:func:`run_blocks_serial` (one body, :func:`popgrad.engine._kernels.twins.twins`) run the same blocks into
+one slot each.
 """
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, prange
 
@@ -52,25 +55,62 @@ from .twins import twins
 U = np.uint64
 
 
-@njit(cache=True, error_model="numpy", inline="always")
-def _offsets(z):
-    """Offsets (uint64) of the workspace ``F`` (see :func:`_block`) from the size tuple ``z``."""
-    T, S, dw, nh, dmax, nl = U(z[0]), U(z[1]), U(z[3]), U(z[4]), U(z[5]), U(z[6])
-    oH = U(0)
-    oHt = oH + T * dw
-    oG = oHt + dw * T
-    oPr = oG + T * dw
-    oU = oPr + T * nh * T
-    ohw = oU + T * nh * dmax
-    oGhw = ohw + T * nl * S
-    odP = oGhw + T * nl * S
-    odzs = odP + T
-    odu = odzs + T
-    oo = odu + dmax
-    oz = oo + dmax
-    odz = oz + S
-    owv = odz + S
-    return oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, owv + S
+class Layout(NamedTuple):
+    """The sizes and the workspace offsets of one model, named (built once per call by :func:`make_sizes`).
+
+    Sizes (uint64 unless noted): ``T``, ``S``, ``d0 = S + T``, ``dw = max(d_{L-1}, d_0)`` (the width of a row of
+    ``H``), ``n_heads`` (all layers), ``d_max`` (the widest head input), ``n_slots = max(n_last, 1)``, ``dL``,
+    ``n_A`` (the length of the flat ``Ã``), ``dl1 = d_{L-1}``; ``n_inner`` (int64: the heads below the last
+    layer, also the global number of the first last-layer head) and ``n_last`` (int64). Offsets (uint64) of
+    the regions of the workspace ``F``: ``oH`` rows ``H (T, dw)``, ``oHt`` their transpose, ``oG`` the
+    adjoints ``G (T, dw)``, ``oPr`` the attention rows ``(T, n_heads, T)``, ``oU`` the query vectors
+    ``(T, n_heads, d_max)``, ``ohw``/``oGhw`` ``hw (T, n_slots, S)`` and its adjoint, then the scratch
+    ``odP (T)``, ``odzs (T)``, ``odu (d_max)``, ``oo (d_max)``, ``oz (S)``, ``odz (S)``, ``owv (S)`` (the leaf's
+    weights); ``size`` the whole workspace.
+    """
+
+    T: np.uint64
+    S: np.uint64
+    d0: np.uint64
+    dw: np.uint64
+    n_heads: np.uint64
+    d_max: np.uint64
+    n_slots: np.uint64
+    dL: np.uint64
+    n_A: np.uint64
+    dl1: np.uint64
+    n_inner: np.int64
+    n_last: np.int64
+    oH: np.uint64
+    oHt: np.uint64
+    oG: np.uint64
+    oPr: np.uint64
+    oU: np.uint64
+    ohw: np.uint64
+    oGhw: np.uint64
+    odP: np.uint64
+    odzs: np.uint64
+    odu: np.uint64
+    oo: np.uint64
+    oz: np.uint64
+    odz: np.uint64
+    owv: np.uint64
+    size: np.uint64
+
+
+def make_sizes(T, S, d0, dl1, n_heads, d_max, n_last, dL, n_A, n_inner) -> Layout:
+    """The :class:`Layout` of a model (sizes as above); the offsets follow in the order listed there."""
+    dw = max(dl1, d0)
+    nl = max(n_last, 1)
+    off = {}
+    o = 0
+    for name, size in (("oH", T * dw), ("oHt", dw * T), ("oG", T * dw), ("oPr", T * n_heads * T),
+                       ("oU", T * n_heads * d_max), ("ohw", T * nl * S), ("oGhw", T * nl * S), ("odP", T),
+                       ("odzs", T), ("odu", d_max), ("oo", d_max), ("oz", S), ("odz", S), ("owv", S)):
+        off[name] = U(o)
+        o += size
+    return Layout(U(T), U(S), U(d0), U(dw), U(n_heads), U(d_max), U(nl), U(dL), U(n_A), U(dl1), np.int64(n_inner),
+                  np.int64(n_last), size=U(o), **off)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -79,14 +119,13 @@ def _row_forward(t_, g_, z, s, hinfo, prm, F, write_out):
 
     The output ``Σ_j P_j H[j, :d_in]`` goes to ``H[t, out : out + d_in]`` and ``Ht`` when ``write_out``.
     """
-    T, S, d0, dw, nh, dmax = U(z[0]), U(z[1]), U(z[2]), U(z[3]), U(z[4]), U(z[5])
-    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    T, S, d0, dw, nh, dmax = z.T, z.S, z.d0, z.dw, z.n_heads, z.d_max
     t, g = U(t_), U(g_)
     din = U(hinfo[g, 1])
     out = U(hinfo[g, 2])
     ao = U(hinfo[g, 3])
-    u0 = oU + (t * nh + g) * dmax
-    h0 = oH + t * dw
+    u0 = z.oU + (t * nh + g) * dmax
+    h0 = z.oH + t * dw
     r1 = ao + U(s[t]) * din
     r2 = ao + (S + t) * din
     for b in range(din):
@@ -97,13 +136,13 @@ def _row_forward(t_, g_, z, s, hinfo, prm, F, write_out):
             ra = ao + a * din
             for b in range(din):
                 F[u0 + b] += x * prm[ra + b]
-    p0 = oPr + (t * nh + g) * T
+    p0 = z.oPr + (t * nh + g) * T
     n = t + U(1)
     for j in range(n):
         F[p0 + j] = F[u0 + U(s[j])] + F[u0 + S + j]
     for a in range(d0, din):
         ua = F[u0 + a]
-        q0 = oHt + a * T
+        q0 = z.oHt + a * T
         for j in range(n):
             F[p0 + j] += ua * F[q0 + j]
     m = F[p0]
@@ -120,33 +159,32 @@ def _row_forward(t_, g_, z, s, hinfo, prm, F, write_out):
         F[p0 + j] *= inv
     if write_out:
         for a in range(din):
-            F[oo + a] = 0.0
+            F[z.oo + a] = 0.0
         for j in range(n):
             p = F[p0 + j]
-            F[oo + U(s[j])] += p
-            F[oo + S + j] += p
-            hj = oH + j * dw
+            F[z.oo + U(s[j])] += p
+            F[z.oo + S + j] += p
+            hj = z.oH + j * dw
             for a in range(d0, din):
-                F[oo + a] += p * F[hj + a]
+                F[z.oo + a] += p * F[hj + a]
         for a in range(din):
-            v = F[oo + a]
+            v = F[z.oo + a]
             F[h0 + out + a] = v
-            F[oHt + (out + a) * T + t] = v
+            F[z.oHt + (out + a) * T + t] = v
 
 
 @njit(cache=True, error_model="numpy", inline="always")
 def _softmax_backward(t_, g_, z, F):
     """``dzs_j = P_j (dP_j - Σ_i P_i dP_i)`` for ``j ≤ t``."""
-    T, nh = U(z[0]), U(z[4])
-    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    T, nh = z.T, z.n_heads
     t, g = U(t_), U(g_)
-    p0 = oPr + (t * nh + g) * T
+    p0 = z.oPr + (t * nh + g) * T
     n = t + U(1)
     m = 0.0
     for j in range(n):
-        m += F[p0 + j] * F[odP + j]
+        m += F[p0 + j] * F[z.odP + j]
     for j in range(n):
-        F[odzs + j] = F[p0 + j] * (F[odP + j] - m)
+        F[z.odzs + j] = F[p0 + j] * (F[z.odP + j] - m)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -156,41 +194,40 @@ def _scores_backward(t_, g_, z, s, hinfo, prm, F, gr):
     ``du = Σ_j dz_j H[j]``; ``dÃ += H[t]ᵀ du``; ``G[t] += Ã du``; ``G[j] += dz_j u`` (coordinates ``≥ d_0``
     only: the input ``x̃`` needs no adjoint).
     """
-    T, S, d0, dw, nh, dmax = U(z[0]), U(z[1]), U(z[2]), U(z[3]), U(z[4]), U(z[5])
-    nA = U(z[8])
-    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    T, S, d0, dw, nh, dmax = z.T, z.S, z.d0, z.dw, z.n_heads, z.d_max
+    nA = z.n_A
     t, g = U(t_), U(g_)
     din = U(hinfo[g, 1])
     ao = U(hinfo[g, 3])
-    u0 = oU + (t * nh + g) * dmax
+    u0 = z.oU + (t * nh + g) * dmax
     for b in range(din):
-        F[odu + b] = 0.0
+        F[z.odu + b] = 0.0
     for j in range(t + U(1)):
-        c = F[odzs + j]
-        F[odu + U(s[j])] += c
-        F[odu + S + j] += c
+        c = F[z.odzs + j]
+        F[z.odu + U(s[j])] += c
+        F[z.odu + S + j] += c
         if c != 0.0:
-            hj = oH + j * dw
-            gj = oG + j * dw
+            hj = z.oH + j * dw
+            gj = z.oG + j * dw
             for a in range(d0, din):
-                F[odu + a] += c * F[hj + a]
+                F[z.odu + a] += c * F[hj + a]
                 F[gj + a] += c * F[u0 + a]
     r1 = ao + U(s[t]) * din
     r2 = ao + (S + t) * din
     for b in range(din):
-        gr[r1 + b] += F[odu + b]
+        gr[r1 + b] += F[z.odu + b]
     for b in range(din):
-        gr[r2 + b] += F[odu + b]
-    h0 = oH + t * dw
+        gr[r2 + b] += F[z.odu + b]
+    h0 = z.oH + t * dw
     for a in range(d0, din):
         x = F[h0 + a]
         if x != 0.0:
             ra = ao + a * din
             for b in range(din):
-                gr[ra + b] += x * F[odu + b]
-    g0 = oG + t * dw
+                gr[ra + b] += x * F[z.odu + b]
+    g0 = z.oG + t * dw
     for b in range(din):
-        c = F[odu + b]
+        c = F[z.odu + b]
         if c != 0.0:
             rb = nA + ao + b * din
             for a in range(d0, din):
@@ -200,19 +237,18 @@ def _scores_backward(t_, g_, z, s, hinfo, prm, F, gr):
 @njit(cache=True, error_model="numpy")
 def _node_forward(t_, z, s, hinfo, prm, F):
     """Row ``t`` of layers ``1 … L-1`` (heads ``0 … n_inner-1``) and ``hw[t, k] = H[t] W_k`` of the last heads."""
-    T, S, d0, dw, nh, dmax, nl = U(z[0]), U(z[1]), U(z[2]), U(z[3]), U(z[4]), U(z[5]), U(z[6])
-    nA, dl1, n_inner, last0, n_last = U(z[8]), U(z[9]), z[10], z[11], z[12]
-    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    T, S, d0, dw, nh, dmax, nl = z.T, z.S, z.d0, z.dw, z.n_heads, z.d_max, z.n_slots
+    nA, dl1, n_inner, last0, n_last = z.n_A, z.dl1, z.n_inner, z.n_inner, z.n_last
     for g in range(n_inner):
         _row_forward(t_, g, z, s, hinfo, prm, F, True)
     t = U(t_)
     oW = U(2) * nA
-    h0 = oH + t * dw
+    h0 = z.oH + t * dw
     st = U(s[t])
     for k_ in range(n_last):
         k = U(k_)
         wo = U(hinfo[last0 + k_, 2])
-        k0 = ohw + (t * nl + k) * S
+        k0 = z.ohw + (t * nl + k) * S
         for c in range(S):
             F[k0 + c] = prm[oW + (wo + st) * S + c] + prm[oW + (wo + S + t) * S + c]
         for a in range(d0, dl1):
@@ -229,20 +265,19 @@ def _node_backward(t_, z, s, hinfo, prm, F, gr):
 
     Adds into ``dA``, ``dW`` and ``G[j]`` for ``j ≤ t``; then zeroes ``G[t]``, ``Ghw[t]`` (for the next sibling).
     """
-    T, S, d0, dw, nh, dmax, nl = U(z[0]), U(z[1]), U(z[2]), U(z[3]), U(z[4]), U(z[5]), U(z[6])
-    dL, nA, dl1, n_inner, last0, n_last = U(z[7]), U(z[8]), U(z[9]), z[10], z[11], z[12]
-    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    T, S, d0, dw, nh, dmax, nl = z.T, z.S, z.d0, z.dw, z.n_heads, z.d_max, z.n_slots
+    dL, nA, dl1, n_inner, last0, n_last = z.dL, z.n_A, z.dl1, z.n_inner, z.n_inner, z.n_last
     t = U(t_)
     oW = U(2) * nA
     oWT = oW + dL * S
-    h0 = oH + t * dw
-    g0 = oG + t * dw
+    h0 = z.oH + t * dw
+    g0 = z.oG + t * dw
     st = U(s[t])
     n = t + U(1)
     for k_ in range(n_last):
         k = U(k_)
         wo = U(hinfo[last0 + k_, 2])
-        k0 = oGhw + (t * nl + k) * S
+        k0 = z.oGhw + (t * nl + k) * S
         for c in range(S):
             gr[nA + (wo + st) * S + c] += F[k0 + c]
             gr[nA + (wo + S + t) * S + c] += F[k0 + c]
@@ -263,17 +298,17 @@ def _node_backward(t_, z, s, hinfo, prm, F, gr):
         din = U(hinfo[g, 1])
         out = U(hinfo[g, 2])
         for j in range(n):
-            F[odP + j] = F[g0 + out + U(s[j])] + F[g0 + out + S + j]
+            F[z.odP + j] = F[g0 + out + U(s[j])] + F[g0 + out + S + j]
         for a in range(d0, din):
             ga = F[g0 + out + a]
             if ga != 0.0:
-                q0 = oHt + a * T
+                q0 = z.oHt + a * T
                 for j in range(n):
-                    F[odP + j] += ga * F[q0 + j]
-        p0 = oPr + (t * nh + g) * T
+                    F[z.odP + j] += ga * F[q0 + j]
+        p0 = z.oPr + (t * nh + g) * T
         for j in range(n):
             p = F[p0 + j]
-            gj = oG + j * dw
+            gj = z.oG + j * dw
             for a in range(d0, din):
                 F[gj + a] += p * F[g0 + out + a]
         _softmax_backward(t_, g_, z, F)
@@ -281,7 +316,7 @@ def _node_backward(t_, z, s, hinfo, prm, F, gr):
     for a in range(dw):
         F[g0 + a] = 0.0
     for k_ in range(n_last):
-        k0 = oGhw + (t * nl + U(k_)) * S
+        k0 = z.oGhw + (t * nl + U(k_)) * S
         for c in range(S):
             F[k0 + c] = 0.0
 
@@ -363,105 +398,106 @@ def _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, 
 def _leaf(z, s, hinfo, prm, F, gr, eps, softmax_readout, want_grad):
     """Last position: the last layer's row ``T-1``, readout, loss ``-Σ_c w_c log(f_c + ε)``, its backward.
 
-    The leaf's weights ``w(s, ·)`` are in ``F[owv:]``. Returns the leaf's loss; the caller back-propagates
+    The leaf's weights ``w(s, ·)`` are in ``F[z.owv:]``. Returns the leaf's loss; the caller back-propagates
     the row ``T-1`` itself (:func:`_node_backward`).
     """
-    T, S, d0, dw, nh, dmax, nl = U(z[0]), U(z[1]), U(z[2]), U(z[3]), U(z[4]), U(z[5]), U(z[6])
-    dL, nA, dl1, n_inner, last0, n_last = U(z[7]), U(z[8]), U(z[9]), z[10], z[11], z[12]
-    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, _ = _offsets(z)
+    T, S, d0, dw, nh, dmax, nl = z.T, z.S, z.d0, z.dw, z.n_heads, z.d_max, z.n_slots
+    dL, nA, dl1, n_inner, last0, n_last = z.dL, z.n_A, z.dl1, z.n_inner, z.n_inner, z.n_last
     oW = U(2) * nA
     oWT = oW + dL * S
-    t_ = z[0] - 1
+    t_ = np.int64(z.T) - 1
     t = T - U(1)
-    h0 = oH + t * dw
-    g0 = oG + t * dw
+    h0 = z.oH + t * dw
+    g0 = z.oG + t * dw
     st = U(s[t])
     tot_w = 0.0
     for c in range(S):
-        tot_w += F[owv + c]
+        tot_w += F[z.owv + c]
     for k in range(n_last):
         _row_forward(t_, last0 + k, z, s, hinfo, prm, F, False)
     for c in range(S):
-        F[oz + c] = prm[oW + st * S + c] + prm[oW + (S + t) * S + c]
+        F[z.oz + c] = prm[oW + st * S + c] + prm[oW + (S + t) * S + c]
     for a in range(d0, dl1):
         x = F[h0 + a]
         if x != 0.0:
             for c in range(S):
-                F[oz + c] += x * prm[oW + a * S + c]
+                F[z.oz + c] += x * prm[oW + a * S + c]
     for k_ in range(n_last):
         k = U(k_)
-        p0 = oPr + (t * nh + U(last0) + k) * T
+        p0 = z.oPr + (t * nh + U(last0) + k) * T
         for j in range(T):
             p = F[p0 + j]
-            k0 = ohw + (j * nl + k) * S
+            k0 = z.ohw + (j * nl + k) * S
             for c in range(S):
-                F[oz + c] += p * F[k0 + c]
+                F[z.oz + c] += p * F[k0 + c]
     loss = 0.0
     if softmax_readout:
-        m = F[oz]
+        m = F[z.oz]
         for c in range(U(1), S):
-            if F[oz + c] > m:
-                m = F[oz + c]
+            if F[z.oz + c] > m:
+                m = F[z.oz + c]
+        for c in range(S):  # shifted logits z_c - max (exact), so log f_c = (z_c - m) - log Σ e^(z - m)
+            F[z.oz + c] -= m
         tot = 0.0
         for c in range(S):
-            tot += np.exp(F[oz + c] - m)
-        lse = m + np.log(tot)
+            tot += np.exp(F[z.oz + c])
+        lt = np.log(tot)  # in [0, log S]: never added to a large logit, so log f_c cannot round to 0
         if eps == 0.0:  # cross entropy as a log-softmax
             for c in range(S):
-                wc = F[owv + c]
+                wc = F[z.owv + c]
                 if wc > 0.0:
-                    loss -= wc * (F[oz + c] - lse)
-                F[odz + c] = np.exp(F[oz + c] - lse) * tot_w - wc
+                    loss -= wc * (F[z.oz + c] - lt)
+                F[z.odz + c] = np.exp(F[z.oz + c] - lt) * tot_w - wc
         else:
             rbar = 0.0
             for c in range(S):
-                f = np.exp(F[oz + c] - lse)
-                wc = F[owv + c]
+                f = np.exp(F[z.oz + c] - lt)
+                wc = F[z.owv + c]
                 if wc > 0.0:
                     loss -= wc * np.log(f + eps)
-                    F[odz + c] = -wc / (f + eps)
+                    F[z.odz + c] = -wc / (f + eps)
                 else:
-                    F[odz + c] = 0.0
-                rbar += f * F[odz + c]
+                    F[z.odz + c] = 0.0
+                rbar += f * F[z.odz + c]
             for c in range(S):
-                F[odz + c] = np.exp(F[oz + c] - lse) * (F[odz + c] - rbar)
+                F[z.odz + c] = np.exp(F[z.oz + c] - lt) * (F[z.odz + c] - rbar)
     else:
         for c in range(S):
-            wc = F[owv + c]
+            wc = F[z.owv + c]
             if wc > 0.0:
-                loss -= wc * np.log(F[oz + c] + eps)
-                F[odz + c] = -wc / (F[oz + c] + eps)
+                loss -= wc * np.log(F[z.oz + c] + eps)
+                F[z.odz + c] = -wc / (F[z.oz + c] + eps)
             else:
-                F[odz + c] = 0.0
+                F[z.odz + c] = 0.0
     if not want_grad:
         return loss
     # readout z = H[t] W[:dl1] + Σ_k Σ_j P^k_j hw[j, k]
     for c in range(S):
-        gr[nA + st * S + c] += F[odz + c]
-        gr[nA + (S + t) * S + c] += F[odz + c]
+        gr[nA + st * S + c] += F[z.odz + c]
+        gr[nA + (S + t) * S + c] += F[z.odz + c]
     for a in range(d0, dl1):
         x = F[h0 + a]
         if x != 0.0:
             for c in range(S):
-                gr[nA + a * S + c] += x * F[odz + c]
+                gr[nA + a * S + c] += x * F[z.odz + c]
     for c in range(S):
-        gc = F[odz + c]
+        gc = F[z.odz + c]
         w0 = oWT + c * dL
         for a in range(d0, dl1):
             F[g0 + a] += gc * prm[w0 + a]
     for k_ in range(n_last):
         k = U(k_)
         g = last0 + k_
-        p0 = oPr + (t * nh + U(g)) * T
+        p0 = z.oPr + (t * nh + U(g)) * T
         for j in range(T):
             p = F[p0 + j]
-            k0 = ohw + (j * nl + k) * S
-            q0 = oGhw + (j * nl + k) * S
+            k0 = z.ohw + (j * nl + k) * S
+            q0 = z.oGhw + (j * nl + k) * S
             v = 0.0
             for c in range(S):
-                v += F[odz + c] * F[k0 + c]
-                F[q0 + c] += p * F[odz + c]
-            F[odP + j] = v
+                v += F[z.odz + c] * F[k0 + c]
+                F[q0 + c] += p * F[z.odz + c]
+            F[z.odP + j] = v
         _softmax_backward(t_, g, z, F)
         _scores_backward(t_, g, z, s, hinfo, prm, F, gr)
     return loss
@@ -474,15 +510,14 @@ def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, 
 
     Adds the block's gradient into ``gr = [dA (flat, the layout of Af) | dW (flat)]``. One float workspace
     ``F`` holds the rows ``H``, their transpose ``Ht``, the adjoints ``G``, the attention rows ``Pr``, the
-    query vectors ``U``, ``hw`` and its adjoint and the leaf scratch (:func:`_offsets`): the helpers take
+    query vectors ``U``, ``hw`` and its adjoint and the leaf scratch (:class:`Layout`): the helpers take
     a handful of arrays and index them flat (no views in the loops: every view or array argument costs
     an atomic reference-count update).
     """
-    T, S = z[0], z[1]
+    T, S, dw = np.int64(z.T), np.int64(z.S), np.int64(z.dw)  # signed: the walk's few accesses
     K = pk0.shape[0]
-    oH, oHt, oG, oPr, oU, ohw, oGhw, odP, odzs, odu, oo, oz, odz, owv, size = _offsets(z)
-    oH, owv, dw = z[3] * 0, int(owv), z[3]  # signed offsets for the walk's few accesses
-    F = np.zeros(int(size))
+    oH, owv = 0, np.int64(z.owv)
+    F = np.zeros(np.int64(z.size))
     s = np.zeros(T, dtype=np.int64)
     pk = np.zeros((T + 1, K))
     Wl = np.zeros((S, S))
@@ -559,22 +594,15 @@ def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, 
     return loss
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def run_blocks(lo, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT, eps,
-               softmax_readout, want_grad, loss_out, gr_out):
+def _run_blocks_body(lo, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT, eps,
+                     softmax_readout, want_grad, loss_out, gr_out):
     """Blocks ``lo … lo + len(loss_out) - 1`` into slots ``0 …`` (``loss_out[b]``, ``gr_out[b] = [dA | dW]``)."""
     for b in prange(loss_out.shape[0]):
         loss_out[b] = _block(lo + b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
                              eps, softmax_readout, want_grad, gr_out[b])
 
 
-@njit(cache=True, error_model="numpy")
-def run_blocks_serial(lo, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT, eps,
-                      softmax_readout, want_grad, loss_out, gr_out):
-    """:func:`run_blocks` on the calling thread (same blocks, same bits)."""
-    for b in range(loss_out.shape[0]):
-        loss_out[b] = _block(lo + b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
-                             eps, softmax_readout, want_grad, gr_out[b])
+run_blocks, run_blocks_serial = twins(_run_blocks_body)
 
 
 @njit(cache=True)
@@ -588,6 +616,15 @@ def sum_slots(loss_out, gr_out):
     return loss
 
 
+@njit(cache=True)
+def sum_loss(loss_out):
+    """The slots' losses added in block order."""
+    loss = 0.0
+    for b in range(loss_out.shape[0]):
+        loss += loss_out[b]
+    return loss
+
+
 # ====================================================================== explicit rows (sampled, weight tables)
 @njit(cache=True, error_model="numpy")
 def _rows_block(lo, hi, seqs, w, z, hinfo, prm, eps, softmax_readout, want_grad, gr):
@@ -598,11 +635,9 @@ def _rows_block(lo, hi, seqs, w, z, hinfo, prm, eps, softmax_readout, want_grad,
     back-propagated first, a node always after all its children), so sorted rows cost what the
     trie of their prefixes costs. A row whose weights are all zero contributes nothing and is skipped.
     """
-    T, S = z[0], z[1]
-    dw = z[3]
-    owv = int(_offsets(z)[13])
-    size = _offsets(z)[14]
-    F = np.zeros(int(size))
+    T, S, dw = np.int64(z.T), np.int64(z.S), np.int64(z.dw)  # signed: the walk's few accesses
+    owv = np.int64(z.owv)
+    F = np.zeros(np.int64(z.size))
     s = np.zeros(T, dtype=np.int64)
     for t in range(T):  # x̃_t: the position one-hot is fixed
         F[t * dw + S + t] = 1.0

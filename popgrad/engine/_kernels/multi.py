@@ -51,6 +51,7 @@ import numpy as np
 from numba import njit
 
 
+from .numeric import mix_loss
 from .single import sum_slots  # noqa: F401  (re-exported for the callers)
 
 
@@ -155,24 +156,7 @@ def _multi_block(blk, parents, tp, atoms, pk0, P, A2, eps, D, want_grad, G, dA2)
                 u[i] = acc
                 if acc > umax:
                     umax = acc
-            Z = 0.0
-            for i in range(T):
-                a[i] = np.exp(u[i] - umax)
-                Z += a[i]
-            for c in range(S):
-                f[c] = 0.0
-            for i in range(T):
-                a[i] = a[i] / Z
-                f[s[i]] += a[i]
-            rbar = 0.0
-            for c in range(S):
-                if w[c] != 0.0:
-                    fe = f[c] + eps
-                    loss -= w[c] * np.log(fe)
-                    r[c] = -w[c] / fe
-                else:
-                    r[c] = 0.0
-                rbar += f[c] * r[c]
+            loss, rbar = mix_loss(loss, s, u, umax, w, eps, a, f, r)
             if want_grad:
                 # ---- backward: δ, η^h = Σ_i δ_i H^h_i, dA2^h += Q^h η^hᵀ, ζ^h = A2^h η^h
                 for i in range(T):

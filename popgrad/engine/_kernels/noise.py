@@ -19,7 +19,8 @@ The k-head kernel uses the backward pass of :mod:`popgrad.engine.multi`
 per token, the softmax Jacobian applied per sample.
 
 Blocks of consecutive sequence numbers, one slot per block, summed in block
-order: the result does not depend on the thread count. The per-sequence pieces (weights,
+order: the result does not depend on the thread count (parallel and ``_serial``
+entries compiled from one body, :func:`popgrad.engine._kernels.twins.twins`). The per-sequence pieces (weights,
 forward pass, ``δ^c``) are small helpers shared by the block kernels, inlined by numba. ``cache=True``, no
 ``fastmath``. NumPy reference: :func:`popgrad.engine.noise.gradient_noise_numpy`.
 """
@@ -29,6 +30,8 @@ import numpy as np
 from numba import njit, prange
 
 from ...task._weights import decode_sequence
+from .numeric import log_token_mass
+from .twins import twins
 
 
 @njit(cache=True)
@@ -174,7 +177,7 @@ def _delta(c, s, a, f, inv, out):
 
 
 @njit(cache=True, inline="always")
-def _token_loss_delta(c, s, a, f, w, eps, g, lc, delta):
+def _token_loss_delta(c, s, u, a, f, w, eps, g, lc, delta):
     """Zero ``g[c]``; ``lc[c] = ℓ_c``, ``delta = δ^c`` and True -- or ``lc[c] = 0`` and False when
     ``w[c] = 0`` (then ``Y2[c, c] = Σ ρ p π(c|q)² = 0`` too: token ``c`` never carries weight)."""
     for a_ in range(g.shape[1]):
@@ -183,7 +186,7 @@ def _token_loss_delta(c, s, a, f, w, eps, g, lc, delta):
         lc[c] = 0.0
         return False
     fe = f[c] + eps
-    lc[c] = -math.log(fe)
+    lc[c] = -(math.log(fe) if fe != 0.0 else log_token_mass(c, s, u, s.shape[0]))  # no underflow to inf
     _delta(c, s, a, f, 1.0 / fe, delta)
     return True
 
@@ -235,7 +238,7 @@ def _single_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean, M2, m
         for c in range(S):
             idx[D1 + c] = D1 + q * S + c
         for c in range(S):
-            if not _token_loss_delta(c, s, a, f, w, eps, g, lc, delta):
+            if not _token_loss_delta(c, s, u, a, f, w, eps, g, lc, delta):
                 continue
             r = 0
             for i in range(T):
@@ -251,15 +254,17 @@ def _single_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean, M2, m
         _accumulate(g, idx, w, Y2, lc, mean, M2, h, moments)
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def moments_single(parents, mu, atoms, prior_w, P, A2, eps, block, mean_s, M2_s, moments_s):
-    """Per-block first and second moments of the per-sample gradient (single-parent), parallel over blocks.
+def _moments_single_body(lo, parents, mu, atoms, prior_w, P, A2, eps, block, mean_s, M2_s, moments_s):
+    """Per-block first and second moments of the per-sample gradient (single-parent), blocks ``lo …``.
 
-    Slot ``b`` holds block ``b``'s sums: ``mean_s (n_blocks, D)``, ``M2_s (n_blocks, D, D)``,
-    ``moments_s (n_blocks, 2)`` (``Σ w ℓ``, ``Σ Y2 ℓℓ``); ``D = T(T+1)/2 + S²``.
+    Slot ``b`` holds block ``lo + b``'s sums: ``mean_s (n, D)``, ``M2_s (n, D, D)``,
+    ``moments_s (n, 2)`` (``Σ w ℓ``, ``Σ Y2 ℓℓ``); ``D = T(T+1)/2 + S²``.
     """
     for b in prange(mean_s.shape[0]):
-        _single_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
+        _single_block(lo + b, block, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
+
+
+moments_single, moments_single_serial = twins(_moments_single_body)
 
 
 @njit(cache=True, error_model="numpy")
@@ -301,7 +306,7 @@ def _multi_block(b, block, parents, tp, atoms, pk0, P, A2, eps, mean, M2, moment
             u[i] = acc
         _softmax_tokens(s, u, a, f)
         for c in range(S):
-            if not _token_loss_delta(c, s, a, f, w, eps, g, lc, delta):
+            if not _token_loss_delta(c, s, u, a, f, w, eps, g, lc, delta):
                 continue
             for hd in range(k):
                 for bb in range(S):
@@ -331,11 +336,13 @@ def _multi_block(b, block, parents, tp, atoms, pk0, P, A2, eps, mean, M2, moment
         _accumulate(g, idx, w, Y2, lc, mean, M2, hh, moments)
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def moments_multi(parents, tp, atoms, pk0, P, A2, eps, block, mean_s, M2_s, moments_s):
+def _moments_multi_body(lo, parents, tp, atoms, pk0, P, A2, eps, block, mean_s, M2_s, moments_s):
     """:func:`moments_single` for the k-head model; ``D = k·T(T+1)/2 + k·S²``."""
     for b in prange(mean_s.shape[0]):
-        _multi_block(b, block, parents, tp, atoms, pk0, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
+        _multi_block(lo + b, block, parents, tp, atoms, pk0, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
+
+
+moments_multi, moments_multi_serial = twins(_moments_multi_body)
 
 
 @njit(cache=True, error_model="numpy")
@@ -372,12 +379,14 @@ def _rows_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean, R):
                         R[i, j, jj] += mz * Z[jj]
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def row_moments_single(parents, mu, atoms, prior_w, P, A2, eps, block, mean_s, R_s):
-    """Per-block mean ``dA1`` (``mean_s (n_blocks, T, T)``) and per-row second moments
-    (``R_s (n_blocks, T, T, T)``), parallel over blocks. Work ``O(T³)`` per sequence."""
+def _row_moments_single_body(lo, parents, mu, atoms, prior_w, P, A2, eps, block, mean_s, R_s):
+    """Per-block mean ``dA1`` (``mean_s (n, T, T)``) and per-row second moments (``R_s (n, T, T, T)``) of
+    blocks ``lo …``. Work ``O(T³)`` per sequence."""
     for b in prange(mean_s.shape[0]):
-        _rows_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], R_s[b])
+        _rows_block(lo + b, block, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], R_s[b])
+
+
+row_moments_single, row_moments_single_serial = twins(_row_moments_single_body)
 
 
 @njit(cache=True)

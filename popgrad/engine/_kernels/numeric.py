@@ -13,6 +13,9 @@ reference; glibc ≤ 0.52), so a loss may differ from one computed with
 engines call it only when ``ε ≥ 2.2250738585072014e-308`` (then ``f + ε`` is
 normal); with ``ε = 0`` they use ``np.log`` (``log 0 = -inf``).
 """
+import math
+
+import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
@@ -114,3 +117,64 @@ def fast_log_array(x, out):
     """``out[i] = fast_log(x[i])`` (for tests and benchmarks)."""
     for i in range(x.shape[0]):
         out[i] = fast_log(x[i])
+
+
+# ===========================================================================
+# The log of a token's attention mass, without underflow
+@njit(cache=True, inline="always")
+def log_token_mass(c, s, u, T):
+    """``log f_c = log Σ_{i<T: s_i = c} e^{u_i} - log Σ_{i<T} e^{u_i}`` computed without underflow.
+
+    The kernels form ``f_c = Σ_{s_i = c} softmax(u)_i`` and take ``log(f_c + ε)``; with ``ε = 0`` an
+    ``f_c`` that underflows to 0 (``u`` spread over more than ~745) would give an infinite loss where the
+    exact one is finite. They call this in that case only (so no other result changes): shifted by the
+    token's own largest score, the sum is at least 1. ``-inf`` only when no position holds ``c``.
+    """
+    umax = -math.inf
+    m = -math.inf
+    for i in range(T):
+        if u[i] > umax:
+            umax = u[i]
+        if s[i] == c and u[i] > m:
+            m = u[i]
+    if m == -math.inf:
+        return -math.inf
+    z = 0.0
+    acc = 0.0
+    for i in range(T):
+        z += math.exp(u[i] - umax)
+        if s[i] == c:
+            acc += math.exp(u[i] - m)
+    return (m - umax) + math.log(acc) - math.log(z)
+
+
+@njit(cache=True, inline="always")
+def mix_loss(loss, s, u, umax, w, eps, a, f, r):
+    """The reduced models' second layer from its scores ``u`` (``umax = max u``), shared by the direct, rows and
+    k-head kernels: ``a = softmax(u)``, ``f[c] = Σ_{s_i = c} a_i``, ``loss - Σ_c w_c log(f_c + ε)``,
+    ``r_c = -w_c/(f_c + ε)`` (0 where ``w_c = 0``); returns ``(loss, r̄ = Σ_c f_c r_c)``.
+
+    ``loss`` is the running sum the terms are subtracted from (a kernel's block accumulator or 0). A log of an
+    ``f_c + ε`` that underflowed to 0 is taken as :func:`log_token_mass` (finite when ``c`` occurs).
+    """
+    T = u.shape[0]
+    S = f.shape[0]
+    Z = 0.0
+    for i in range(T):
+        a[i] = np.exp(u[i] - umax)
+        Z += a[i]
+    for c in range(S):
+        f[c] = 0.0
+    for i in range(T):
+        a[i] = a[i] / Z
+        f[s[i]] += a[i]
+    rbar = 0.0
+    for c in range(S):
+        if w[c] != 0.0:
+            fe = f[c] + eps
+            loss -= w[c] * (np.log(fe) if fe != 0.0 else log_token_mass(c, s, u, T))
+            r[c] = -w[c] / fe
+        else:
+            r[c] = 0.0
+        rbar += f[c] * r[c]
+    return loss, rbar

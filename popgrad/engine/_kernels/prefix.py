@@ -1,6 +1,6 @@
 """Numba kernels of the prefix engine, the default exact engine of single-parent tasks (DESIGN §4, §10).
 
-:func:`loss_grad_prefix` (+ ``_serial`` twin) enumerates the tree of prefixes
+:func:`loss_grad_prefix` (+ ``_serial`` twin, one body) enumerates the tree of prefixes
 depth first and computes what depends on ``s_0 … s_d`` once per prefix; the
 algorithm, its block/slot structure and why it is fused are described in
 :mod:`popgrad.engine.single`. :func:`exp_tables` builds its per-call
@@ -12,6 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from .numeric import TINY, fast_log
+from .twins import twins
 
 
 # ---------------------------------------------------------------------------
@@ -64,8 +65,7 @@ def exp_tables(P, A2, dig, X, Xg):
                 Xg[q, t, g] = prod
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def loss_grad_prefix(parents, fac, pk0, wtab, Q, ctx_pos, X, Xg, mask, dig, ofac, P, A2, eps, prefixes, order,
+def _loss_grad_prefix_body(parents, fac, pk0, wtab, Q, ctx_pos, X, Xg, mask, dig, ofac, P, A2, eps, prefixes, order,
                      sym, Wc, bstart, wmode, want_grad, loss_out, G_out, dA2_out):
     """Prefix-sharing forward/backward with vectorized leaf batches: ``O(S + K)`` work per sequence.
 
@@ -161,14 +161,7 @@ def loss_grad_prefix(parents, fac, pk0, wtab, Q, ctx_pos, X, Xg, mask, dig, ofac
                                       eps, prefixes, sym, Wc, bstart, wmode, want_grad, G_out[blk], dA2_out[blk])
 
 
-@njit(cache=True, error_model="numpy")
-def loss_grad_prefix_serial(parents, fac, pk0, wtab, Q, ctx_pos, X, Xg, mask, dig, ofac, P, A2, eps, prefixes,
-                            order, sym, Wc, bstart, wmode, want_grad, loss_out, G_out, dA2_out):
-    """:func:`loss_grad_prefix` on the calling thread (same blocks, same bits)."""
-    for t in range(order.shape[0]):
-        blk = order[t]
-        loss_out[blk] = _prefix_block(blk, parents, fac, pk0, wtab, Q, ctx_pos, X, Xg, mask, dig, ofac, P, A2,
-                                      eps, prefixes, sym, Wc, bstart, wmode, want_grad, G_out[blk], dA2_out[blk])
+loss_grad_prefix, loss_grad_prefix_serial = twins(_loss_grad_prefix_body)
 
 
 @njit(cache=True, error_model="numpy")

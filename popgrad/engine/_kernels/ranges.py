@@ -10,17 +10,18 @@ the same per-block functions, so every slot is bit for bit the same. (The
 prefix engine needs no entry of its own: its blocks are rows of the plan's
 ``prefixes``, and a slice of them runs in its kernel,
 :func:`popgrad.engine._kernels.prefix.loss_grad_prefix`.) Each entry has a
-``_serial`` twin (same blocks, same bits, on the calling thread).
+``_serial`` twin compiled from the same body (:func:`popgrad.engine._kernels.twins.twins`: same blocks,
+same bits, on the calling thread).
 ``cache=True``, no ``fastmath``, as everywhere.
 """
-from numba import njit, prange
+from numba import prange
 
 from .multi import _multi_block
 from .single import _direct_block
+from .twins import twins
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def loss_grad_direct_range(lo, parents, mu, atoms, prior_w, P, A2, eps, block_size, sym, orbit, want_grad,
+def _loss_grad_direct_range_body(lo, parents, mu, atoms, prior_w, P, A2, eps, block_size, sym, orbit, want_grad,
                            loss_out, G_out, dA2_out):
     """The direct engine on blocks ``lo … lo + len(loss_out) - 1``: per-sequence fused forward/backward,
     ``O(T² + K·T)`` work per sequence.
@@ -47,17 +48,10 @@ def loss_grad_direct_range(lo, parents, mu, atoms, prior_w, P, A2, eps, block_si
                                     want_grad, G_out[b], dA2_out[b])
 
 
-@njit(cache=True, error_model="numpy")
-def loss_grad_direct_range_serial(lo, parents, mu, atoms, prior_w, P, A2, eps, block_size, sym, orbit, want_grad,
-                                  loss_out, G_out, dA2_out):
-    """:func:`loss_grad_direct_range` on the calling thread (same blocks, same bits)."""
-    for b in range(loss_out.shape[0]):
-        loss_out[b] = _direct_block(lo + b, parents, mu, atoms, prior_w, P, A2, eps, block_size, sym, orbit,
-                                    want_grad, G_out[b], dA2_out[b])
+loss_grad_direct_range, loss_grad_direct_range_serial = twins(_loss_grad_direct_range_body)
 
 
-@njit(cache=True, parallel=True, error_model="numpy")
-def loss_grad_multi_range(lo, parents, tp, atoms, pk0, P, A2, eps, n_fixed, want_grad, loss_out, G_out, dA2_out):
+def _loss_grad_multi_range_body(lo, parents, tp, atoms, pk0, P, A2, eps, n_fixed, want_grad, loss_out, G_out, dA2_out):
     """Exact loss, ``G^h = ∂L/∂P^h`` and ``∂L/∂A2^h`` of the k-head model on blocks ``lo … lo + n - 1``.
 
     Parameters
@@ -86,10 +80,4 @@ def loss_grad_multi_range(lo, parents, tp, atoms, pk0, P, A2, eps, n_fixed, want
                                    G_out[b], dA2_out[b])
 
 
-@njit(cache=True, error_model="numpy")
-def loss_grad_multi_range_serial(lo, parents, tp, atoms, pk0, P, A2, eps, n_fixed, want_grad,
-                                 loss_out, G_out, dA2_out):
-    """:func:`loss_grad_multi_range` on the calling thread (same blocks, same bits)."""
-    for b in range(loss_out.shape[0]):
-        loss_out[b] = _multi_block(lo + b, parents, tp, atoms, pk0, P, A2, eps, n_fixed, want_grad,
-                                   G_out[b], dA2_out[b])
+loss_grad_multi_range, loss_grad_multi_range_serial = twins(_loss_grad_multi_range_body)

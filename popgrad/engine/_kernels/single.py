@@ -45,6 +45,7 @@ import numpy as np
 from numba import njit, prange
 
 from ...task._weights import decode_sequence, sequence_weight_row
+from .numeric import mix_loss
 
 
 @njit(cache=True)
@@ -63,6 +64,12 @@ def sum_slots(loss_out, G_out, dA2_out):
     return loss
 
 
+@njit(cache=True, inline="always")
+def _sequence_scratch(S, T):
+    """Scratch of :func:`_sequence_loss_grad`: ``V, u, a (T), f, r (S), dl (T)``."""
+    return np.empty(T), np.empty(T), np.empty(T), np.empty(S), np.empty(S), np.empty(T)
+
+
 @njit(cache=True, error_model="numpy")
 def _direct_block(blk, parents, mu, atoms, prior_w, P, A2, eps, block_size, sym, orbit, want_grad, G, dA2):
     """One block of the direct engine (:func:`popgrad.engine._kernels.ranges.loss_grad_direct_range`);
@@ -74,12 +81,7 @@ def _direct_block(blk, parents, mu, atoms, prior_w, P, A2, eps, block_size, sym,
     stop = min(start + block_size, n_total)
     s = np.empty(T, dtype=np.int64)
     w = np.empty(S)
-    V = np.empty(T)
-    u = np.empty(T)
-    a = np.empty(T)
-    f = np.empty(S)
-    r = np.empty(S)
-    dl = np.empty(T)
+    V, u, a, f, r, dl = _sequence_scratch(S, T)
     loss = 0.0
     for m in range(start, stop):
         decode_sequence(m, S, T, s)
@@ -131,25 +133,7 @@ def _sequence_loss_grad(s, w, P, A2, eps, want_grad, V, u, a, f, r, dl, G, dA2):
         u[i] = acc
         if acc > umax:
             umax = acc
-    Z = 0.0
-    for i in range(T):
-        a[i] = np.exp(u[i] - umax)
-        Z += a[i]
-    for c in range(S):
-        f[c] = 0.0
-    for i in range(T):
-        a[i] = a[i] / Z
-        f[s[i]] += a[i]
-    loss = 0.0
-    rbar = 0.0
-    for c in range(S):
-        if w[c] != 0.0:
-            fe = f[c] + eps
-            loss -= w[c] * np.log(fe)
-            r[c] = -w[c] / fe
-        else:
-            r[c] = 0.0
-        rbar += f[c] * r[c]
+    loss, rbar = mix_loss(0.0, s, u, umax, w, eps, a, f, r)
     if want_grad:
         for i in range(T):
             dl[i] = a[i] * (r[s[i]] - rbar)
@@ -178,12 +162,7 @@ def loss_grad_rows(seqs, w, P, A2, eps, block_size, want_grad, loss_out, G_out, 
     S = A2.shape[0]
     n = seqs.shape[0]
     for blk in prange(n_blocks):
-        V = np.empty(T)
-        u = np.empty(T)
-        a = np.empty(T)
-        f = np.empty(S)
-        r = np.empty(S)
-        dl = np.empty(T)
+        V, u, a, f, r, dl = _sequence_scratch(S, T)
         loss = 0.0
         G = G_out[blk]
         dA2 = dA2_out[blk]
@@ -201,12 +180,7 @@ def loss_rows_each(seqs, w, P, A2, eps, out):
     G = np.zeros((1, 1))
     dA2 = np.zeros((1, 1))
     for m in prange(n):
-        V = np.empty(T)
-        u = np.empty(T)
-        a = np.empty(T)
-        f = np.empty(S)
-        r = np.empty(S)
-        dl = np.empty(T)
+        V, u, a, f, r, dl = _sequence_scratch(S, T)
         out[m] = _sequence_loss_grad(seqs[m], w[m], P, A2, eps, 0, V, u, a, f, r, dl, G, dA2)
 
 

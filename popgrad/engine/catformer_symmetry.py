@@ -1,0 +1,163 @@
+"""Exact orbit reduction of the full model along relabeling-equivariant parameters (DESIGN §21).
+
+A relabeling ``σ`` of ``[S]`` acts on a :class:`popgrad.CatFormer`'s parameters by permuting the token
+coordinates: every row ``h^(ℓ)_t`` is a concatenation of copies of ``d_0``-wide blocks (the input
+``x̃ = [e_s, e_t]`` and, per head, the attention-weighted average of such blocks), and each block's
+first ``S`` coordinates are token coordinates. ``σ`` permutes them in every block, in the rows and the
+columns of every ``Ã`` and in the rows of ``W``, and permutes ``W``'s columns (the classes). Then
+``f_{σ·θ}(σ·s) = σ·f_θ(s)``. If the task's prior is closed under relabeling, ``w(σs, σc) = w(s, c)``,
+so ``L(σ·θ) = L(θ)`` and ``∇L(σ·θ) = σ·∇L(θ)``.
+
+For an *equivariant* ``θ`` (``σ·θ = θ`` for every ``σ``) the per-sequence terms of an orbit are
+relabelings of each other, and::
+
+    L(θ)  = Σ_{s canonical} |orbit(s)| Σ_c w(s, c) ℓ_c(s)
+    ∇L(θ) = Sym( Σ_{s canonical} |orbit(s)| Σ_c w(s, c) ∇ℓ_c(s) ),   Sym(G) = (1/S!) Σ_σ σ·G
+
+(an orbit's terms sum to ``(|orbit|/S!) Σ_σ σ·g(s)``). ``Sym`` is the mean over each *coordinate
+orbit* (the orbits of the parameter coordinates under the group), written so that every coordinate of
+an orbit gets the same bits: an equivariant ``θ`` minus a multiple of ``Sym(G)`` is exactly
+equivariant again, and SGD, Adam and AdamW (elementwise in ``θ``, the gradient and the moments) keep
+an exactly equivariant trajectory exactly equivariant (DESIGN §21).
+
+The check (:func:`equivariance_defect`) compares ``θ`` with ``σ·θ`` for the two generators of the
+symmetric group (the transposition ``(0 1)`` and the cycle ``(0 1 … S-1)``): ``θ`` is reduced only when
+``max |σ·θ − θ| ≤ EQUIV_RTOL · max |θ|`` for both (zero is equivariant).
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from ..model.catformer import CatFormerParams
+from ..task.tasks import Task
+from .symmetry import MAX_SYMMETRY_S, exactly_closed
+
+__all__ = ["EQUIV_RTOL", "equivariance_defect", "is_equivariant", "relabel_params", "symmetrize_params",
+           "reduction_applies", "coordinate_orbits"]
+
+#: Largest ``max|σ·θ − θ| / max|θ|`` over the generators for which ``θ`` counts as equivariant.
+EQUIV_RTOL = 1e-12
+
+_ORBITS: OrderedDict = OrderedDict()
+_LOCK = threading.Lock()
+
+
+def _token_index(d, d0, S, sigma) -> np.ndarray:
+    """``idx`` with ``x[idx]`` the relabeled vector: ``(x[idx])[b·d0 + σ(i)] = x[b·d0 + i]`` for ``i < S``."""
+    idx = np.arange(d)
+    inv = np.argsort(sigma)
+    for b in range(d // d0):
+        idx[b * d0: b * d0 + S] = b * d0 + inv
+    return idx
+
+
+def relabel_params(model, params, sigma):
+    """``σ·θ``: the parameters (or a gradient: it transforms alike) with ``σ`` applied to every token
+    coordinate and to the classes. ``sigma`` a permutation of ``0 … S-1``."""
+    sigma = np.asarray(sigma, dtype=np.int64)
+    d0 = model.dims[0]
+    A = []
+    for a, d in zip(params.A, model.dims[:-1]):
+        idx = _token_index(d, d0, model.S, sigma)
+        A.append(np.ascontiguousarray(a[:, idx][:, :, idx]))
+    idx = _token_index(model.dims[-1], d0, model.S, sigma)
+    W = np.ascontiguousarray(params.W[idx][:, np.argsort(sigma)])
+    return CatFormerParams(A, W)
+
+
+def _generators(S):
+    swap = np.arange(S)
+    swap[[0, 1]] = [1, 0]
+    return [swap, np.roll(np.arange(S), -1)]
+
+
+def equivariance_defect(model, params) -> float:
+    """``max_g max|g·θ − θ|`` over the generators ``g`` of the symmetric group (``0.0`` for ``S = 1``)."""
+    if model.S < 2:
+        return 0.0
+    out = 0.0
+    for g in _generators(model.S):
+        moved = relabel_params(model, params, g)
+        for a, b in zip(moved.A, params.A):
+            out = max(out, float(np.max(np.abs(a - b), initial=0.0)))
+        out = max(out, float(np.max(np.abs(moved.W - params.W), initial=0.0)))
+    return out
+
+
+def is_equivariant(model, params, rtol=EQUIV_RTOL) -> bool:
+    """Whether ``max|g·θ − θ| ≤ rtol · max|θ|`` for both generators ``g``."""
+    scale = max([float(np.max(np.abs(a), initial=0.0)) for a in params.A] + [float(np.max(np.abs(params.W)))])
+    return equivariance_defect(model, params) <= rtol * scale
+
+
+def reduction_applies(task, model, params) -> bool:
+    """The orbit reduction is exact: a single-parent task whose prior is exactly closed under relabeling
+    (:func:`popgrad.engine.symmetry.exactly_closed`), ``2 ≤ S ≤ MAX_SYMMETRY_S``, equivariant ``params``."""
+    return (isinstance(task, Task) and 2 <= task.S <= MAX_SYMMETRY_S and exactly_closed(task.prior)
+            and is_equivariant(model, params))
+
+
+def coordinate_orbits(model):
+    """Per parameter array (``A[0] … A[L-1]``, ``W``): ``(labels, counts)``, the orbit number of every
+    coordinate under the relabelings and the orbit sizes (cached per model)."""
+    key = (model.S, model.T, model.heads)
+    with _LOCK:
+        hit = _ORBITS.get(key)
+    if hit is not None:
+        return hit
+    a_shapes, w_shape = model.shapes()
+    sizes = [int(np.prod(s)) for s in a_shapes] + [int(np.prod(w_shape))]
+    n = sum(sizes)
+    ids = np.arange(n, dtype=np.float64)
+    parts, off = [], 0
+    for s in a_shapes:
+        parts.append(ids[off:off + int(np.prod(s))].reshape(s))
+        off += int(np.prod(s))
+    base = CatFormerParams(parts, ids[off:].reshape(w_shape))
+    moves = []
+    for g in _generators(model.S):
+        moved = relabel_params(model, base, g)
+        moves.append(np.concatenate([a.ravel() for a in moved.A] + [moved.W.ravel()]).astype(np.int64))
+    label = np.arange(n)
+    while True:  # connected components of i ~ g(i): propagate the smallest index
+        new = label.copy()
+        for m in moves:
+            np.minimum.at(new, m, label)
+            new = np.minimum(new, new[m])
+        for _ in range(2):
+            new = new[new]
+        if np.array_equal(new, label):
+            break
+        label = new
+    _, inv = np.unique(label, return_inverse=True)
+    counts = np.bincount(inv).astype(np.float64)
+    out, off = [], 0
+    for sz in sizes:
+        out.append(inv[off:off + sz])
+        off += sz
+    res = (out, counts)
+    with _LOCK:
+        _ORBITS[key] = res
+        while len(_ORBITS) > 16:
+            _ORBITS.popitem(last=False)
+    return res
+
+
+def symmetrize_params(model, A, W):
+    """``Sym``: every coordinate replaced by the mean over its coordinate orbit (the same bits on an orbit).
+
+    ``A`` a list as ``params.A`` and ``W`` (a gradient or parameters); returns ``(A', W')``.
+    """
+    labels, counts = coordinate_orbits(model)
+    flat = np.concatenate([a.ravel() for a in A] + [W.ravel()])
+    lab = np.concatenate(labels)
+    sums = np.bincount(lab, weights=flat, minlength=len(counts))
+    mean = sums / counts
+    out, off = [], 0
+    for a in A:
+        out.append(mean[lab[off:off + a.size]].reshape(a.shape))
+        off += a.size
+    return out, mean[lab[off:]].reshape(W.shape)

@@ -1,0 +1,154 @@
+"""The full model's exact orbit reduction along equivariant parameters (engine/catformer_symmetry.py, DESIGN §21)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import popgrad as pg
+from popgrad.engine import catformer as E
+from popgrad.engine import catformer_symmetry as Y
+from popgrad.model.catformer import CatFormerParams
+from tests.engine.test_catformer import assert_same
+
+
+def closed_task(S=3, T=5, seed=0, graph=None):
+    base = pg.dirichlet_prior(S, 0.5, 2, seed=seed)
+    prior = pg.FinitePrior.relabeling_closure(base.atoms, base.weights)
+    return pg.Task(graph if graph is not None else pg.random_tree(T, seed=seed), prior)
+
+
+def equivariant_params(model, seed, scale=1.0):
+    rng = np.random.default_rng(seed)
+    A = [scale * rng.standard_normal(s) for s in model.shapes()[0]]
+    W = scale * rng.standard_normal(model.shapes()[1])
+    A, W = Y.symmetrize_params(model, A, W)
+    return CatFormerParams(A, W)
+
+
+@given(S=st.integers(2, 3), T=st.integers(2, 5), heads=st.sampled_from([(1, 1), (2, 1), (1,)]),
+       seed=st.integers(0, 2**31))
+@settings(max_examples=15, deadline=None)
+def test_relabeling_is_a_symmetry_of_the_loss(S, T, heads, seed):
+    """``L(σ·θ) = L(θ)`` and ``∇L(σ·θ) = σ·∇L(θ)`` on a closed prior (the action is the right one)."""
+    task = closed_task(S, T, seed % 7)
+    model = pg.CatFormer(S, T, heads=heads)
+    p = model.init(1.0, seed)
+    p = CatFormerParams(p.A, np.random.default_rng(seed).standard_normal(p.W.shape))
+    sigma = np.random.default_rng(seed + 1).permutation(S)
+    r = pg.catformer_loss_and_grad(task, model, p, symmetry="off")
+    q = Y.relabel_params(model, p, sigma)
+    rq = pg.catformer_loss_and_grad(task, model, q, symmetry="off")
+    assert abs(rq.loss - r.loss) <= 1e-12 * abs(r.loss)
+    moved = Y.relabel_params(model, CatFormerParams(r.dA, r.dW), sigma)
+    assert_same(rq, pg.CatFormerLossAndGrad(r.loss, moved.A, moved.W), 1e-11)
+
+
+@given(S=st.integers(2, 3), T=st.integers(2, 5), heads=st.sampled_from([(1, 1), (2, 1), (1, 1, 1)]),
+       seed=st.integers(0, 2**31), scale=st.sampled_from([0.0, 0.3, 2.0]))
+@settings(max_examples=15, deadline=None)
+def test_reduced_equals_full_enumeration(S, T, heads, seed, scale):
+    task = closed_task(S, T, seed % 5)
+    model = pg.CatFormer(S, T, heads=heads)
+    p = equivariant_params(model, seed, scale)
+    assert Y.is_equivariant(model, p) and Y.reduction_applies(task, model, p)
+    full = pg.catformer_loss_and_grad(task, model, p, symmetry="off")
+    red = pg.catformer_loss_and_grad(task, model, p, symmetry="on")
+    assert_same(red, full, 1e-12)
+    assert pg.catformer_loss(task, model, p, symmetry="on") == red.loss
+    # the reduced gradient is exactly equivariant: the same bits on every coordinate orbit
+    assert Y.equivariance_defect(model, CatFormerParams(red.dA, red.dW)) == 0.0
+
+
+def test_non_equivariant_start_is_never_reduced():
+    task = closed_task(3, 5)
+    model = pg.CatFormer(3, 5)
+    one = np.zeros(model.shapes()[1])
+    one[0, 0] = 1.0  # a readout that favours token 0: not equivariant
+    for p in (model.init(1e-4, 0), model.init(1e-14, 1), CatFormerParams(model.zeros().A, one)):
+        assert Y.equivariance_defect(model, p) > 0 and not Y.reduction_applies(task, model, p)
+        with pytest.raises(ValueError, match="equivariant"):
+            pg.catformer_loss_and_grad(task, model, p, symmetry="on")
+        assert pg.catformer_loss_and_grad(task, model, p).loss == \
+            pg.catformer_loss_and_grad(task, model, p, symmetry="off").loss
+    open_task = pg.Task(pg.chain(5), pg.dirichlet_prior(3, 1.0, 2, seed=0, symmetrize=False))
+    assert not Y.reduction_applies(open_task, model, model.zeros())
+    with pytest.raises(ValueError, match="closed under relabeling"):
+        pg.catformer_loss_and_grad(open_task, model, model.zeros(), symmetry="on")
+    with pytest.raises(ValueError, match="symmetry must be"):
+        pg.catformer_loss_and_grad(task, model, model.zeros(), symmetry="yes")
+
+
+def _trajectory(task, model, symmetry, rule, steps=12, project=False):
+    """Zero start, SGD or AdamW (optax's formulas), the exact gradient with or without the reduction
+    (``project``: the unreduced gradient projected with ``Sym``)."""
+    p = model.zeros()
+    A, W = [a.copy() for a in p.A], p.W.copy()
+    mA, vA = [np.zeros_like(a) for a in A], [np.zeros_like(a) for a in A]
+    mW, vW = np.zeros_like(W), np.zeros_like(W)
+    b1, b2, eps, lr, wd = 0.9, 0.999, 1e-8, 0.05, 0.01
+    out = []
+    for t in range(1, steps + 1):
+        r = pg.catformer_loss_and_grad(task, model, CatFormerParams(A, W), symmetry=symmetry)
+        out.append(r.loss)
+        dA, dW = Y.symmetrize_params(model, r.dA, r.dW) if project else (r.dA, r.dW)
+        for x, g, m, v in list(zip(A, dA, mA, vA)) + [(W, dW, mW, vW)]:
+            if rule == "sgd":
+                x -= 1.0 * g
+            else:
+                m *= b1
+                m += (1 - b1) * g
+                v *= b2
+                v += (1 - b2) * g * g
+                x -= lr * ((m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps) + wd * x)
+    return np.array(out), A, W
+
+
+@pytest.mark.parametrize("rule,project", [("sgd", False), ("sgd", True), ("adamw", True)])
+def test_zero_start_trajectories_with_and_without_the_reduction(rule, project):
+    """The reduced trajectory equals the full enumeration's. For AdamW the full enumeration's gradient is
+    projected with ``Sym`` (exactly equivariant): unprojected, its rounding noise in the directions where the
+    exact gradient vanishes is amplified by Adam's normalization ``m/(√v + ε)`` (test below)."""
+    task = closed_task(3, 5, seed=1, graph=pg.chain(5))
+    model = pg.CatFormer(3, 5, heads=(1, 1))
+    la, Aa, Wa = _trajectory(task, model, "auto", rule)
+    lb, Ab, Wb = _trajectory(task, model, "off", rule, project=project)
+    assert np.max(np.abs(la - lb)) <= 1e-12 * np.max(np.abs(lb))
+    if rule == "sgd":
+        scale = max(np.max(np.abs(a)) for a in Ab + [Wb])
+        for a, b in zip(Aa + [Wa], Ab + [Wb]):
+            assert np.max(np.abs(a - b)) <= 1e-12 * scale
+    else:
+        # AdamW moves a coordinate whose exact gradient is 0 by lr·g/(|g| + ε): a rounding difference δ of the
+        # two sums becomes lr·δ/ε (×1e7 at ε = 1e-8). Such coordinates are the directions the loss does not see
+        # (a logit shift common to all classes: the class mean of an equivariant W's position rows; score
+        # shifts common to a row), so the parameters differ there (measured up to 9e-10 in W) while the
+        # model's outputs agree: compare the predictions on every sequence.
+        seqs, _ = task.all_sequences()
+        fa = model.predict(CatFormerParams(Aa, Wa), seqs)
+        fb = model.predict(CatFormerParams(Ab, Wb), seqs)
+        assert np.max(np.abs(fa - fb)) <= 1e-12
+    # along the reduced trajectory the parameters stay exactly equivariant (the reduction stays on)
+    assert Y.equivariance_defect(model, CatFormerParams(Aa, Wa)) == 0.0
+    assert Y.reduction_applies(task, model, CatFormerParams(Aa, Wa))
+    assert la[-1] < la[0]
+
+
+def test_adamw_amplifies_the_rounding_of_an_unreduced_gradient():
+    """Why the reduced (exactly equivariant) gradient matters for Adam: the full enumeration's gradient at an
+    equivariant point is equivariant only to rounding; Adam divides by ``√v + ε`` and turns that noise into
+    steps of the order of ``lr`` within a few steps, so the unreduced trajectory leaves the equivariant
+    subspace while the reduced one stays in it exactly."""
+    task = closed_task(3, 5, seed=1, graph=pg.chain(5))
+    model = pg.CatFormer(3, 5, heads=(1, 1))
+    _, Ab, Wb = _trajectory(task, model, "off", "adamw", steps=6)
+    _, Aa, Wa = _trajectory(task, model, "auto", "adamw", steps=6)
+    assert Y.equivariance_defect(model, CatFormerParams(Aa, Wa)) == 0.0
+    assert Y.equivariance_defect(model, CatFormerParams(Ab, Wb)) > 1e-6
+
+
+def test_coordinate_orbits_partition_the_parameters():
+    model = pg.CatFormer(3, 4, heads=(2, 1))
+    labels, counts = Y.coordinate_orbits(model)
+    lab = np.concatenate(labels)
+    assert lab.size == sum(int(np.prod(s)) for s in model.shapes()[0]) + int(np.prod(model.shapes()[1]))
+    assert counts.sum() == lab.size and np.all(np.bincount(lab) == counts)
+    assert set(np.unique(counts).astype(int)) <= {1, 2, 3, 6}  # orbit sizes divide |S_3| = 6
