@@ -200,8 +200,13 @@ def plot_attention_to_parent(trajectory, graph, path, context: str = "") -> None
     ax.set_ylabel("softmax(A1)[i, p(i)]")
     if context:
         ax.set_title(context, fontsize=9)
-    ax.legend(fontsize=8, loc="lower right", framealpha=0.6)
+    _legend_beside(ax)
     save_figure(fig, path)
+
+
+def _legend_beside(ax) -> None:
+    """The legend to the right of the axes, outside them: it covers no bar and no line."""
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
 def plot_head_attention(graph, A1, path, title: str = "after training", context: str = "") -> None:
@@ -252,16 +257,18 @@ def _true_graph(graph):
     return [(graph.adjacency(), "true adjacency (row = child)")]
 
 
-def plot_population_attention(graph, P, path, context: str = "") -> None:
+def plot_population_attention(graph, P, path, context: str = "", step: int | None = None) -> None:
     """Full model: row ``h`` shows head ``h``'s population-average layer-1 attention ``P[h]`` (shape
-    ``(m, T, T)``, :func:`popgrad.checks.catformer.population_attention`) beside the true graph."""
+    ``(m, T, T)``, :func:`popgrad.checks.catformer.population_attention`) beside the true graph;
+    ``step`` (the training step of ``P``) goes into each head's title."""
     P = np.asarray(P)
     m = P.shape[0]
     truth = _true_graph(graph)
+    at = f" at step {int(step)}" if step is not None else ""
     fig, axes = new_figure(m, 1 + len(truth), figsize=(4.5 * (1 + len(truth)), 4.2 * m), squeeze=False)
     im = None
     for h in range(m):
-        panels = [(P[h], f"head {h}: population-average attention")] + truth
+        panels = [(P[h], f"head {h}: population-average attention{at}")] + truth
         for ax, (M, name) in zip(axes[h], panels):
             im = ax.imshow(M, vmin=0, vmax=1, cmap="viridis")
             ax.set_title(name, fontsize=9)
@@ -275,17 +282,33 @@ def plot_population_attention(graph, P, path, context: str = "") -> None:
     save_figure(fig, path)
 
 
-def plot_parent_attention_per_position(graph, first, last, last_step: int, path, context: str = "") -> None:
+def plot_parent_attention_per_position(graph, first, last, last_step: int, path, context: str = "",
+                                       parents=None) -> None:
     """Full model: ``P̄[h, i, p(i)]`` per non-root position ``i`` and head ``h`` (``first``, ``last``:
-    shape ``(m, T)``), at step 0 and at ``last_step``."""
+    shape ``(m, T)``), at step 0 and at ``last_step``.
+
+    For a k-parent graph the bars are the largest attention on any one parent of ``i``
+    (:func:`popgrad.checks.catformer.attention_to_parent_per_position`); ``parents`` (shape
+    ``(m, T)``, integer positions) names the parent that receives it at ``last_step``, written
+    above each last bar.
+    """
     first, last = np.asarray(first), np.asarray(last)
     m = first.shape[0]
     nr = np.asarray(graph.non_roots)
+    multi = getattr(graph, "k", 1) > 1
     fig, axes = new_figure(m, 1, figsize=(6.5, 2.8 * m), squeeze=False)
     for h in range(m):
         ax = axes[h, 0]
-        _parent_bars(ax, nr, first[h, nr], last[h, nr], last_step, graph.T, f"head {h}: P̄[i, p(i)]")
-    axes[-1, 0].set_xlabel("position i (non-roots)")
+        label = f"head {h}: max over parents\nP̄[i, p_j(i)]" if multi else f"head {h}: P̄[i, p(i)]"
+        _parent_bars(ax, nr, first[h, nr], last[h, nr], last_step, graph.T, label)
+        if multi and parents is not None:
+            ax.set_ylim(0, 1.15)  # room for the names above the bars
+            for i in nr:
+                ax.annotate(f"p={int(np.asarray(parents)[h, i])}", (i + 0.2, min(float(last[h, i]), 1.0)),
+                            xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=6)
+    axes[-1, 0].set_xlabel("position i (non-roots)" + (
+        f"; p=j above a bar: the parent j of i attended most at step {int(last_step)}"
+        if multi and parents is not None else ""))
     if context:
         axes[0, 0].set_title(context, fontsize=9)
     save_figure(fig, path)
@@ -299,4 +322,4 @@ def _parent_bars(ax, rows, first, last, last_step, T: int, ylabel: str) -> None:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel(ylabel)
     _integer_axis(ax.xaxis)
-    ax.legend(fontsize=7, loc="lower right", framealpha=0.6)
+    _legend_beside(ax)

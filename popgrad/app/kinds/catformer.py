@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
+
 from ...checks import catformer as CC
 from ...checks.suites import softmax_reference_losses
 from ...model.catformer import CatFormer
@@ -61,6 +63,18 @@ def _model(rc) -> CatFormer:
 def _attention_to_parent(rc, traj, r):
     return CC.attention_to_parent_per_position(rc.task.graph, CC.population_attention(rc.task, _model(rc),
                                                                                       traj.params(r)))
+
+
+def _most_attended_parent(graph, P) -> np.ndarray:
+    """Shape ``(m, T)``: for each head and non-root ``i``, the parent of ``i`` with the largest ``P[h, i, ·]``
+    (-1 for roots); single-parent graphs: the parent."""
+    P = np.asarray(P)
+    par = np.asarray(graph.parents)
+    out = np.full((P.shape[0], P.shape[1]), -1, dtype=np.int64)
+    for i in graph.non_roots:
+        cand = np.atleast_1d(par[i])
+        out[:, i] = cand[np.argmax(P[:, i, cand], axis=1)]
+    return out
 
 
 class CatFormerKind(KindBase):
@@ -141,11 +155,13 @@ class CatFormerKind(KindBase):
 
     def plots(self, out, rc, traj, refs, context=""):
         P.plot_loss(traj, refs, os.path.join(out, "loss.png"), context=context)
-        P.plot_population_attention(rc.task.graph, CC.population_attention(rc.task, _model(rc), traj.final),
-                                    os.path.join(out, "attention.png"), context=context)
+        Pbar = CC.population_attention(rc.task, _model(rc), traj.params(-1))  # the record at traj.step[-1]
+        P.plot_population_attention(rc.task.graph, Pbar, os.path.join(out, "attention.png"), context=context,
+                                    step=int(traj.step[-1]))
         P.plot_parent_attention_per_position(rc.task.graph, _attention_to_parent(rc, traj, 0),
-                                             _attention_to_parent(rc, traj, -1), int(traj.step[-1]),
-                                             os.path.join(out, "attention_to_parent.png"), context=context)
+                                             CC.attention_to_parent_per_position(rc.task.graph, Pbar),
+                                             int(traj.step[-1]), os.path.join(out, "attention_to_parent.png"),
+                                             context=context, parents=_most_attended_parent(rc.task.graph, Pbar))
 
     def check_resume(self, path, rc):
         """The checkpoint must be of this task and these settings (its parameters and Adam's moments)."""

@@ -19,7 +19,7 @@ from ..report import reference_value
 from ..settings import CLIError
 from ..tasks import MULTI_PARENT_TASK_DEFAULTS, is_multi_parent
 from ._common import KindBase, validated
-from .reduced_single import DEFAULTS, FLAGS, a1_hat, check_schedule, train_kwargs
+from .reduced_single import DEFAULTS, FLAGS, a1_hat, a1_hat_record, check_schedule, train_kwargs
 
 __all__ = ["KIND", "MULTI_PARENT_DEFAULTS"]
 
@@ -100,7 +100,9 @@ class ReducedKHead(KindBase):
 
     def plots(self, out, rc, traj, refs, context=""):
         graph = rc.task.graph
-        P.plot_head_attention(graph, a1_hat(rc, traj), os.path.join(out, "attention.png"), context=context)
+        r = a1_hat_record(rc, traj)
+        P.plot_head_attention(graph, traj.A1[r], os.path.join(out, "attention.png"),
+                              title=f"at step {int(traj.step[r])}", context=context)
         P.plot_loss(traj, refs, os.path.join(out, "loss.png"), context=context)
         P.plot_head_attention_to_parent(traj, graph, os.path.join(out, "attention_to_parent.png"), context=context)
 

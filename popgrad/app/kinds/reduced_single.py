@@ -68,9 +68,14 @@ def train_kwargs(cfg) -> dict:
 
 def a1_hat(rc, traj):
     """The first layer the checks read: after Stage 1 (two-stage, completed) or at the end."""
+    return traj.A1[a1_hat_record(rc, traj)]
+
+
+def a1_hat_record(rc, traj) -> int:
+    """The record index of :func:`a1_hat` (its step is ``traj.step[a1_hat_record(rc, traj)]``)."""
     if rc["schedule"] == "two-stage" and traj.status == "completed":
-        return traj.A1[traj.stage1_end]
-    return traj.final_A1
+        return traj.stage1_end
+    return len(traj.step) - 1
 
 
 def check_schedule(cfg) -> None:
@@ -196,8 +201,10 @@ class ReducedSingle(KindBase):
         task = rc.task
         how = {"field": "trained on the first-order field", "idealized": "trained on the idealized gradient"}.get(
             traj.config.gradient, "trained on the exact gradient")
-        P.plot_attention(task.graph, a1_hat(rc, traj), os.path.join(out, "attention.png"),
-                         title=f"after Stage 1 ({how})", context=context)
+        r = a1_hat_record(rc, traj)
+        when = "after Stage 1" if r == traj.stage1_end and rc["schedule"] == "two-stage" else "at the end"
+        P.plot_attention(task.graph, traj.A1[r], os.path.join(out, "attention.png"),
+                         title=f"at step {int(traj.step[r])}, {when} ({how})", context=context)
         P.plot_loss(traj, refs, os.path.join(out, "loss.png"), context=context)
         P.plot_cosine(traj, os.path.join(out, "gradient_cosine.png"), context=context)
         P.plot_attention_to_parent(traj, task.graph, os.path.join(out, "attention_to_parent.png"), context=context)
