@@ -46,7 +46,7 @@ REFERENCE_LABELS = {
 }
 
 __all__ = ["build_report", "write_report", "render_markdown", "atomic_write_text", "versions", "fmt",
-           "reference_value", "detail_lines"]
+           "reference_value", "detail_lines", "weights_accuracy"]
 
 
 def versions() -> dict:
@@ -59,6 +59,22 @@ def versions() -> dict:
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
     }
+
+
+def weights_accuracy(task) -> dict:
+    """The report's ``task.weights``: which weights ``w(s, c)`` are exact and the bound of the others.
+
+    ``exact`` (closed form or a finite prior's atoms: exact to rounding), ``bound`` (the largest relative
+    error estimate of a quadrature or sampled rule, 0 when exact; ``None`` when not computed), ``method``,
+    ``statistical`` and ``summary`` (:meth:`popgrad.task.dirichlet.WeightAccuracy.summary`).
+    """
+    continuous = bool(getattr(task, "continuous", False))
+    if continuous and not task.enumerable:
+        return {"prior": "continuous", "exact": None, "bound": None, "method": "not computed",
+                "statistical": False, "summary": "weights: not computed (S**T beyond the enumeration limit)"}
+    acc = task.weight_accuracy
+    return {"prior": "continuous" if continuous else "finite", "exact": bool(acc.exact), "bound": float(acc.bound),
+            "method": acc.method, "statistical": bool(acc.statistical), "summary": acc.summary()}
 
 
 def build_report(config: dict, task, trajectory, checks, references: dict, extra: dict | None = None) -> dict:
@@ -88,11 +104,15 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
                 "t_eff": task.t_eff,
                 "n_sequences": task.n_sequences,
                 "prior_atoms": task.prior.K,
+                "weights": weights_accuracy(task),
                 "assumptions": assume,
                 "hypotheses": hyp.to_dict(),
                 "hypotheses_all_met": hyp.all_met,
-                "note": "every population quantity is exact for this finite prior (its atoms and weights), "
-                        "except those labelled sampled (estimates with a standard error and n)",
+                "note": ("every population quantity is exact for this finite prior (its atoms and weights), "
+                         "except those labelled sampled (estimates with a standard error and n)")
+                if not getattr(task, "continuous", False) else
+                ("every population quantity is an exact sum over all sequences with the weights below (exact "
+                 "to rounding, or within their stated bound), except those labelled sampled"),
             },
             "references": references,
             "trajectory": {
@@ -208,7 +228,9 @@ def render_markdown(report: dict, sections=()) -> str:
         "# popgrad run report",
         "",
         f"Task: graph `{t['graph']}`, S = {t['S']}, T = {t['T']}, T_eff = {_fmt(t['t_eff'])}, "
-        f"S**T = {t['n_sequences']:,} sequences, prior with {t['prior_atoms']} atoms.",
+        f"S**T = {t['n_sequences']:,} sequences, "
+        + (f"prior with {t['prior_atoms']} atoms." if t['prior_atoms'] is not None else "continuous prior."),
+        *([f"Weights: {t['weights']['summary']}."] if t.get("weights") else []),
         f"_{t['note']}._",
         "",
         "Paper assumptions (Knowl 10) measured on this task: "
