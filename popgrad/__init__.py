@@ -91,7 +91,8 @@ from .theory import (
 )
 from .model.catformer import CatFormer, CatFormerParams, StandardTransformer, catformer_from_reduced, \
     to_disentangled, to_standard
-from .engine.catformer import CatFormerLossAndGrad, catformer_loss, catformer_loss_and_grad
+from .engine.catformer import CatFormerLossAndGrad, catformer_loss, catformer_loss_and_grad, \
+    catformer_rows_loss_and_grad
 from .engine.catformer_attention import CatFormerAttention, catformer_attention
 from .engine.hvp import HessianSpectrum, catformer_hvp, hessian_spectrum, hvp
 from .train import MultiHeadTrainConfig, TrainConfig, Trajectory, train_multi_head, train_two_stage
@@ -189,6 +190,7 @@ __all__ = [
     "CatFormerParams",
     "CatFormerLossAndGrad",
     "catformer_loss_and_grad",
+    "catformer_rows_loss_and_grad",
     "catformer_loss",
     "StandardTransformer",
     "to_disentangled",

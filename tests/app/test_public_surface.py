@@ -14,6 +14,9 @@ def test_every_public_name_exists_once_and_none_is_deprecated():
     assert {"Optimizer", "stage1_row_noise"} <= set(pg.__all__)
     assert pg.Optimizer is __import__("popgrad.train.optim", fromlist=["Optimizer"]).Optimizer
     assert pg.stage1_row_noise is pg.engine.noise.stage1_row_noise
+    assert "catformer_rows_loss_and_grad" in pg.__all__
+    assert pg.catformer_rows_loss_and_grad is pg.engine.catformer.catformer_rows_loss_and_grad
+    assert ">>> rows = pg.catformer_rows_loss_and_grad(" in pg.catformer_rows_loss_and_grad.__doc__
 
 
 @pytest.mark.parametrize("name", pg.DEPRECATED)
