@@ -65,3 +65,11 @@ def test_reduced_figures_name_the_step(tmp_path, figures):
     assert f"at step {stage1_end}, after Stage 1" in title, title
     (ax,) = _legends_outside_the_bars(figures["attention_to_parent.png"])
     assert ax.get_ylabel() == "softmax(A1)[i, p(i)]"
+
+
+def test_k_head_figures_name_the_step(tmp_path, figures):
+    _run(tmp_path, ["--graph", "two-parent", "--T", "5", "--S", "2", "--atoms", "1", "--schedule", "two-stage",
+                    "--steps1", "3", "--steps2", "2", "--record-every", "1"])
+    heads = [ax.get_title() for ax in figures["attention.png"].axes if ax.get_title().startswith("head ")]
+    assert len(heads) == 2 and all(t.endswith("at step 3") for t in heads), heads
+    _legends_outside_the_bars(figures["attention_to_parent.png"])

@@ -73,6 +73,7 @@ def _most_attended_parent(graph, P) -> np.ndarray:
     out = np.full((P.shape[0], P.shape[1]), -1, dtype=np.int64)
     for i in graph.non_roots:
         cand = np.atleast_1d(par[i])
+        cand = cand[cand >= 0]
         out[:, i] = cand[np.argmax(P[:, i, cand], axis=1)]
     return out
 
