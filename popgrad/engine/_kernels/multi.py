@@ -51,7 +51,7 @@ import numpy as np
 from numba import njit
 
 
-from .numeric import mix_loss
+from .numeric import head_kappa, head_query_grad, mix_loss
 from .single import sum_slots  # noqa: F401  (re-exported for the callers)
 
 
@@ -141,12 +141,7 @@ def _multi_block(blk, parents, tp, atoms, pk0, P, A2, eps, D, want_grad, G, dA2)
             for h in range(k):
                 for c in range(S):
                     Q[h, c] = Hr[T, h, T - 1, c]
-            for h in range(k):
-                for c in range(S):
-                    acc = 0.0
-                    for b2 in range(S):
-                        acc += Q[h, b2] * A2[h, b2, c]
-                    kap[h, c] = acc
+            head_kappa(Q, A2, kap)
             umax = -np.inf
             for i in range(T):
                 acc = 0.0
@@ -167,13 +162,7 @@ def _multi_block(blk, parents, tp, atoms, pk0, P, A2, eps, D, want_grad, G, dA2)
                         for i in range(T):
                             acc += dl[i] * Hr[i + 1, h, i, c]
                         eta[h, c] = acc
-                    for b2 in range(S):
-                        qb = Q[h, b2]
-                        acc = 0.0
-                        for c in range(S):
-                            dA2[h, b2, c] += qb * eta[h, c]
-                            acc += A2[h, b2, c] * eta[h, c]
-                        zeta[h, b2] = acc
+                head_query_grad(Q, A2, eta, dA2, zeta)
                 # ---- Y^h[i, c] = δ_i κ^h[c] + [i = T-1] ζ^h[c]: the leaf's own column, then into R_{T-2}
                 bl = s[T - 1]
                 for h in range(k):

@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit, prange
 
 from ...task._weights import decode_sequence
-from .numeric import log_token_mass
+from .numeric import head_kappa, head_sums, log_token_mass
 from .twins import twins
 
 
@@ -287,17 +287,8 @@ def _multi_block(b, block, parents, tp, atoms, pk0, P, A2, eps, mean, M2, moment
         _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2, pc)
         if not _has_weight(w):
             continue
-        for hd in range(k):
-            for i in range(T):
-                for c in range(S):
-                    H[hd, i, c] = 0.0
-                for j in range(i + 1):
-                    H[hd, i, s[j]] += P[hd, i, j]
-            for c in range(S):
-                acc = 0.0
-                for bp in range(S):
-                    acc += H[hd, T - 1, bp] * A2[hd, bp, c]
-                kap[hd, c] = acc
+        head_sums(s, P, H)
+        head_kappa(H[:, T - 1, :], A2, kap)
         for i in range(T):
             acc = 0.0
             for hd in range(k):

@@ -178,3 +178,47 @@ def mix_loss(loss, s, u, umax, w, eps, a, f, r):
             r[c] = 0.0
         rbar += f[c] * r[c]
     return loss, rbar
+
+
+# ===========================================================================
+# The k-head model's per-sequence pieces (DESIGN §9), shared by the k-head kernels
+@njit(cache=True, inline="always")
+def head_sums(s, P, H):
+    """``H[h, i, c] = Σ_{j ≤ i: s_j = c} P^h[i, j]`` for every head ``h`` and row ``i`` (``j`` increasing)."""
+    k = P.shape[0]
+    T = P.shape[1]
+    S = H.shape[2]
+    for h in range(k):
+        for i in range(T):
+            for c in range(S):
+                H[h, i, c] = 0.0
+            for j in range(i + 1):
+                H[h, i, s[j]] += P[h, i, j]
+
+
+@njit(cache=True, inline="always")
+def head_kappa(Q, A2, kap):
+    """``κ^h = A2^hᵀ Q^h``: ``kap[h, c] = Σ_b Q[h, b] A2[h, b, c]`` (``b`` increasing)."""
+    k = Q.shape[0]
+    S = Q.shape[1]
+    for h in range(k):
+        for c in range(S):
+            acc = 0.0
+            for b in range(S):
+                acc += Q[h, b] * A2[h, b, c]
+            kap[h, c] = acc
+
+
+@njit(cache=True, inline="always")
+def head_query_grad(Q, A2, eta, dA2, zeta):
+    """Given ``η^h = Σ_i δ_i H^h_i``: ``dA2^h += Q^h η^hᵀ`` and ``ζ^h = A2^h η^h`` (``c`` increasing)."""
+    k = Q.shape[0]
+    S = Q.shape[1]
+    for h in range(k):
+        for b in range(S):
+            qb = Q[h, b]
+            acc = 0.0
+            for c in range(S):
+                dA2[h, b, c] += qb * eta[h, c]
+                acc += A2[h, b, c] * eta[h, c]
+            zeta[h, b] = acc

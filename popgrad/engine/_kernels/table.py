@@ -10,6 +10,8 @@ carried per atom: ``O(k·T²·S)`` per sequence. Block ``b`` covers rows
 import numpy as np
 from numba import njit, prange
 
+from .numeric import head_kappa, head_query_grad, head_sums, mix_loss
+
 
 @njit(cache=True, error_model="numpy")
 def _multi_rows_block(blk, seqs, w, P, A2, eps, block_size, want_grad, G, dA2):
@@ -36,21 +38,11 @@ def _multi_rows_block(blk, seqs, w, P, A2, eps, block_size, want_grad, G, dA2):
             total += wm[c]
         if total == 0.0:
             continue
-        for h in range(k):
-            for i in range(T):
-                for c in range(S):
-                    H[h, i, c] = 0.0
-                for j in range(i + 1):
-                    H[h, i, s[j]] += P[h, i, j]
+        head_sums(s, P, H)
         for h in range(k):
             for c in range(S):
                 Q[h, c] = H[h, T - 1, c]
-        for h in range(k):
-            for c in range(S):
-                acc = 0.0
-                for b2 in range(S):
-                    acc += Q[h, b2] * A2[h, b2, c]
-                kap[h, c] = acc
+        head_kappa(Q, A2, kap)
         umax = -np.inf
         for i in range(T):
             acc = 0.0
@@ -60,24 +52,7 @@ def _multi_rows_block(blk, seqs, w, P, A2, eps, block_size, want_grad, G, dA2):
             u[i] = acc
             if acc > umax:
                 umax = acc
-        Z = 0.0
-        for i in range(T):
-            a[i] = np.exp(u[i] - umax)
-            Z += a[i]
-        for c in range(S):
-            f[c] = 0.0
-        for i in range(T):
-            a[i] = a[i] / Z
-            f[s[i]] += a[i]
-        rbar = 0.0
-        for c in range(S):
-            if wm[c] != 0.0:
-                fe = f[c] + eps
-                loss -= wm[c] * np.log(fe)
-                r[c] = -wm[c] / fe
-            else:
-                r[c] = 0.0
-            rbar += f[c] * r[c]
+        loss, rbar = mix_loss(loss, s, u, umax, wm, eps, a, f, r)
         if want_grad:
             for i in range(T):
                 dl[i] = a[i] * (r[s[i]] - rbar)
@@ -87,13 +62,7 @@ def _multi_rows_block(blk, seqs, w, P, A2, eps, block_size, want_grad, G, dA2):
                     for i in range(T):
                         acc += dl[i] * H[h, i, c]
                     eta[h, c] = acc
-                for b2 in range(S):
-                    qb = Q[h, b2]
-                    acc = 0.0
-                    for c in range(S):
-                        dA2[h, b2, c] += qb * eta[h, c]
-                        acc += A2[h, b2, c] * eta[h, c]
-                    zeta[h, b2] = acc
+            head_query_grad(Q, A2, eta, dA2, zeta)
             # G^h[i, j] += Y^h[i, s_j],  Y^h[i, c] = δ_i κ^h[c] + [i = T-1] ζ^h[c]
             for h in range(k):
                 for i in range(T):
