@@ -10,7 +10,7 @@ carried per atom: ``O(k·T²·S)`` per sequence. Block ``b`` covers rows
 import numpy as np
 from numba import njit, prange
 
-from .numeric import head_kappa, head_query_grad, head_sums, mix_loss
+from .numeric import has_weight, head_backward, head_forward, head_scratch, head_sums
 
 
 @njit(cache=True, error_model="numpy")
@@ -19,50 +19,19 @@ def _multi_rows_block(blk, seqs, w, P, A2, eps, block_size, want_grad, G, dA2):
     T = P.shape[1]
     S = A2.shape[1]
     n = seqs.shape[0]
-    H = np.empty((k, T, S))
-    Q = np.empty((k, S))
-    kap = np.empty((k, S))
-    u = np.empty(T)
-    a = np.empty(T)
-    f = np.empty(S)
-    r = np.empty(S)
-    dl = np.empty(T)
-    eta = np.empty((k, S))
-    zeta = np.empty((k, S))
+    H4 = np.empty((1, k, T, S))  # H^h_i = H[h, i]: one array for head_scores / head_eta (step 0)
+    H = H4[0]
+    Q, kap, u, a, f, r, dl, eta, zeta = head_scratch(k, T, S)
     loss = 0.0
     for m in range(blk * block_size, min((blk + 1) * block_size, n)):
         s = seqs[m]
         wm = w[m]
-        total = 0.0
-        for c in range(S):
-            total += wm[c]
-        if total == 0.0:
+        if not has_weight(wm):
             continue
         head_sums(s, P, H)
-        for h in range(k):
-            for c in range(S):
-                Q[h, c] = H[h, T - 1, c]
-        head_kappa(Q, A2, kap)
-        umax = -np.inf
-        for i in range(T):
-            acc = 0.0
-            for h in range(k):
-                for c in range(S):
-                    acc += kap[h, c] * H[h, i, c]
-            u[i] = acc
-            if acc > umax:
-                umax = acc
-        loss, rbar = mix_loss(loss, s, u, umax, wm, eps, a, f, r)
+        loss, rbar = head_forward(loss, s, H4, 0, A2, wm, eps, Q, kap, u, a, f, r)
         if want_grad:
-            for i in range(T):
-                dl[i] = a[i] * (r[s[i]] - rbar)
-            for h in range(k):
-                for c in range(S):
-                    acc = 0.0
-                    for i in range(T):
-                        acc += dl[i] * H[h, i, c]
-                    eta[h, c] = acc
-            head_query_grad(Q, A2, eta, dA2, zeta)
+            head_backward(s, a, r, rbar, H4, 0, Q, A2, dl, eta, dA2, zeta)
             # G^h[i, j] += Y^h[i, s_j],  Y^h[i, c] = δ_i κ^h[c] + [i = T-1] ζ^h[c]
             for h in range(k):
                 for i in range(T):
