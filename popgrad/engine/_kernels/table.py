@@ -3,7 +3,10 @@
 :func:`loss_grad_multi_rows` is the per-sequence form of
 :func:`popgrad.engine._kernels.multi._multi_block` (same equations, DESIGN §9 /
 :mod:`popgrad.engine.multi`) with the weights ``w (n, S)`` given instead of
-carried per atom: ``O(k·T²·S)`` per sequence. Block ``b`` covers rows
+carried per atom: ``O(k·T²·S)`` per sequence. The forward and backward of a
+sequence are the prefix engine's own (:func:`popgrad.engine._kernels.numeric.head_forward`,
+:func:`~popgrad.engine._kernels.numeric.head_backward`), so the two engines share their
+arithmetic, the stable log of an underflowing token mass included. Block ``b`` covers rows
 ``b·block_size …``; one slot per block, summed in block order by the caller
 (independent of the thread count). ``cache=True``, never ``fastmath``.
 """
@@ -19,7 +22,7 @@ def _multi_rows_block(blk, seqs, w, P, A2, eps, block_size, want_grad, G, dA2):
     T = P.shape[1]
     S = A2.shape[1]
     n = seqs.shape[0]
-    H4 = np.empty((1, k, T, S))  # H^h_i = H[h, i]: one array for head_scores / head_eta (step 0)
+    H4 = np.empty((1, k, T, S))  # H^h_i = H[h, i]: one array for head_forward / head_backward (step 0)
     H = H4[0]
     Q, kap, u, a, f, r, dl, eta, zeta = head_scratch(k, T, S)
     loss = 0.0
