@@ -227,30 +227,41 @@ class PriorDiagnostics(NamedTuple):
         )
 
 
-def checked_atoms(atoms, weights, row_name) -> tuple:
-    """A prior's flat atoms ``(K, R, S)`` (a float64 array of its own, ``atoms[m, r, c] = π_m(c | row r)``) and
-    its weights, checked (:func:`validated_weights`) and made read-only: ``(atoms, weights)``.
+def _row_digits(r: int, S: int, k: int) -> str:
+    """The parent tuple of flat row ``r`` (``k`` base-``S`` digits, most significant first), e.g. ``"0, 2"``."""
+    digits = []
+    for _ in range(k):
+        digits.append(r % S)
+        r //= S
+    return ", ".join(str(d) for d in reversed(digits))
 
-    A ValueError names the first bad entry and the fix: an atom entry not finite or negative, a row not
-    summing to one within :data:`ROW_SUM_TOL`; ``row_name(r)`` is how a message names row ``r`` (its token,
-    or its parent tuple).
+
+def checked_atoms(atoms, weights, k: int = 1) -> tuple:
+    """A prior's flat atoms ``(K, S**k, S)`` (a float64 array of its own, ``atoms[m, r, c] = π_m(c | a)`` with
+    ``r`` the base-``S`` numeral of the parent tuple ``a``) and its weights, checked (:func:`validated_weights`)
+    and made read-only: ``(atoms, weights)``.
+
+    A ValueError names the first bad entry (in tensor indices ``atoms[m][a_1, …, a_k, c]``) and the fix: not
+    finite, negative, or a row not summing to one within :data:`ROW_SUM_TOL`.
     """
+    S = atoms.shape[2]
     if not np.all(np.isfinite(atoms)):
         m = int(np.argwhere(~np.isfinite(atoms))[0, 0])
         raise ValueError(f"atoms[{m}] has non-finite entries: transition probabilities must be finite")
     if np.any(atoms < 0):
         m, r, c = (int(x) for x in np.argwhere(atoms < 0)[0])
         raise ValueError(
-            f"atoms[{m}] row {row_name(r)} token {c} is {atoms[m, r, c]:.3g} < 0: "
+            f"atoms[{m}][{_row_digits(r, S, k)}, {c}] = {atoms[m, r, c]:.3g} is negative: "
             "transition probabilities must be >= 0"
         )
     rows = atoms.sum(axis=2)
     bad = np.abs(rows - 1.0) > ROW_SUM_TOL
     if np.any(bad):
         m, r = (int(x) for x in np.argwhere(bad)[0])
+        a = _row_digits(r, S, k)
         raise ValueError(
-            f"row π(· | {row_name(r)}) of atoms[{m}] sums to {float(rows[m, r])!r}, not 1 (tolerance "
-            f"{ROW_SUM_TOL}): every row must be a probability distribution (divide rows by their sums)"
+            f"row {a if k == 1 else f'({a})'} of atoms[{m}] sums to {float(rows[m, r])!r}, not 1 (tolerance "
+            f"{ROW_SUM_TOL}): each row π(· | a) must be a probability distribution (divide rows by their sums)"
         )
     weights = validated_weights(weights, atoms.shape[0])
     atoms.setflags(write=False)
@@ -289,7 +300,7 @@ class FinitePrior:
         K, S, _ = atoms.shape
         if S < 2:
             raise ValueError(f"the alphabet needs S >= 2 tokens, got S = {S}")
-        self._atoms, self._weights = checked_atoms(atoms, weights, str)
+        self._atoms, self._weights = checked_atoms(atoms, weights)
         self._mu = None
         self._symmetric = None
         self._base = None

@@ -119,7 +119,7 @@ class TensorPrior:
         a = _flat_atoms(a, k)
         K, R, S = a.shape
         kk = _log_int(R, S)
-        self._atoms, self._weights = checked_atoms(a, weights, lambda r: _tuple_str(r, S, kk))
+        self._atoms, self._weights = checked_atoms(a, weights, kk)
         self._k = kk
         self._symmetric = None
 
@@ -236,14 +236,6 @@ def _flat_atoms(a, k):
     if any(d != S for d in a.shape[1:]):
         raise ValueError(f"tensor atoms must have shape (K,)+(S,)*(k+1) with S = {S}, got shape {a.shape}")
     return a.reshape(a.shape[0], -1, S)
-
-
-def _tuple_str(r, S, k) -> str:
-    digits = []
-    for _ in range(k):
-        digits.append(r % S)
-        r //= S
-    return ", ".join(str(d) for d in reversed(digits))
 
 
 def dirichlet_tensor_prior(S: int, k: int, alpha: float, n_atoms: int, seed, symmetrize=True) -> TensorPrior:
