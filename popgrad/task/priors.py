@@ -236,13 +236,14 @@ def _row_digits(r: int, S: int, k: int) -> str:
     return ", ".join(str(d) for d in reversed(digits))
 
 
-def checked_atoms(atoms, weights, k: int = 1) -> tuple:
+def checked_atoms(atoms, weights, k: int = 1, tensor_rows: bool = False) -> tuple:
     """A prior's flat atoms ``(K, S**k, S)`` (a float64 array of its own, ``atoms[m, r, c] = π_m(c | a)`` with
     ``r`` the base-``S`` numeral of the parent tuple ``a``) and its weights, checked (:func:`validated_weights`)
     and made read-only: ``(atoms, weights)``.
 
-    A ValueError names the first bad entry (in tensor indices ``atoms[m][a_1, …, a_k, c]``) and the fix: not
-    finite, negative, or a row not summing to one within :data:`ROW_SUM_TOL`.
+    A ValueError names the first bad entry (in tensor indices ``atoms[m][a_1, …, a_k, c]``) and its row
+    (``a``, or ``π(· | a)`` with ``tensor_rows``) and the fix: not finite, negative, or a row not summing to
+    one within :data:`ROW_SUM_TOL`.
     """
     S = atoms.shape[2]
     if not np.all(np.isfinite(atoms)):
@@ -250,9 +251,10 @@ def checked_atoms(atoms, weights, k: int = 1) -> tuple:
         raise ValueError(f"atoms[{m}] has non-finite entries: transition probabilities must be finite")
     if np.any(atoms < 0):
         m, r, c = (int(x) for x in np.argwhere(atoms < 0)[0])
+        a = _row_digits(r, S, k)
         raise ValueError(
-            f"atoms[{m}][{_row_digits(r, S, k)}, {c}] = {atoms[m, r, c]:.3g} is negative: "
-            "transition probabilities must be >= 0"
+            f"atoms[{m}][{a}, {c}] = {atoms[m, r, c]:.3g} is negative (row {f'π(· | {a})' if tensor_rows else a} "
+            f"of atoms[{m}] is not a distribution): transition probabilities must be >= 0"
         )
     rows = atoms.sum(axis=2)
     bad = np.abs(rows - 1.0) > ROW_SUM_TOL
@@ -260,8 +262,9 @@ def checked_atoms(atoms, weights, k: int = 1) -> tuple:
         m, r = (int(x) for x in np.argwhere(bad)[0])
         a = _row_digits(r, S, k)
         raise ValueError(
-            f"row {a if k == 1 else f'({a})'} of atoms[{m}] sums to {float(rows[m, r])!r}, not 1 (tolerance "
-            f"{ROW_SUM_TOL}): each row π(· | a) must be a probability distribution (divide rows by their sums)"
+            f"row {f'π(· | {a})' if tensor_rows else a} of atoms[{m}] sums to {float(rows[m, r])!r}, not 1 "
+            f"(tolerance {ROW_SUM_TOL}): every row π(· | a) must be a probability distribution "
+            "(divide rows by their sums)"
         )
     weights = validated_weights(weights, atoms.shape[0])
     atoms.setflags(write=False)

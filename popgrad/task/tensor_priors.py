@@ -119,7 +119,7 @@ class TensorPrior:
         a = _flat_atoms(a, k)
         K, R, S = a.shape
         kk = _log_int(R, S)
-        self._atoms, self._weights = checked_atoms(a, weights, kk)
+        self._atoms, self._weights = checked_atoms(a, weights, kk, tensor_rows=True)
         self._k = kk
         self._symmetric = None
 
