@@ -140,6 +140,26 @@ def as_heads(M, name: str) -> np.ndarray:
     return _as_squares(M, name, 3, f"a real array of {what}", what)
 
 
+def as_reduced(A1, A2, T: int, S: int, k: int | None = None, square=as_square) -> tuple:
+    """The reduced model's ``(A1, A2)`` checked against a task's sizes: ``(T, T)``/``(S, S)`` (``k=None``, a
+    single-parent task; each converted by ``square``, :func:`as_square` or a fast path over it), or
+    ``(k, T, T)``/``(k, S, S)`` for ``k`` heads (``(T, T)``/``(S, S)`` accepted when ``k = 1``)."""
+    if k is not None:
+        if k == 1 and np.ndim(A1) == 2:
+            A1 = np.asarray(A1)[None]
+        if k == 1 and np.ndim(A2) == 2:
+            A2 = np.asarray(A2)[None]
+        A1, A2 = as_heads(A1, "A1"), as_heads(A2, "A2")
+        want1, want2 = ("(k, T, T)", (k, T, T)), ("(k, S, S)", (k, S, S))
+    else:
+        A1, A2 = square(A1, "A1"), square(A2, "A2")
+        want1, want2 = ("(T, T)", (T, T)), ("(S, S)", (S, S))
+    for name, M, (sym, want) in (("A1", A1, want1), ("A2", A2, want2)):
+        if M.shape != want:
+            raise ValueError(f"{name} must have shape {sym} = ({', '.join(map(str, want))}) for this task, got {M.shape}")
+    return A1, A2
+
+
 def _as_squares(M, name, ndim, kind, shape_text) -> np.ndarray:
     """A finite float64 array whose last two axes are square (``ndim`` axes in all)."""
     raw = M if isinstance(M, np.ndarray) else None

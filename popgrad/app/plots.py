@@ -73,22 +73,31 @@ def save_figure(fig, path, dpi: int = 120) -> None:
             sys.modules["matplotlib.pyplot"].close(fig)
 
 
+def _attention_grid(fig, axes, rows, path, context: str, shrink: float, label: str = ATTENTION_LABEL) -> None:
+    """Heatmaps on ``[0, 1]``: ``rows[r][c] = (M, title)`` into ``axes[r][c]`` (``axes`` one row or a grid),
+    one colour bar for all, ``context`` as the figure title; saved to ``path``."""
+    im = None
+    for ax_row, panels in zip(np.atleast_2d(axes), rows):
+        for ax, (M, name) in zip(ax_row, panels):
+            im = ax.imshow(M, vmin=0, vmax=1, cmap="viridis")
+            ax.set_title(name, fontsize=9)
+            ax.set_xlabel("key position j")
+            ax.set_ylabel("query position i")
+            _integer_axis(ax.xaxis)
+            _integer_axis(ax.yaxis)
+    fig.colorbar(im, ax=axes, shrink=shrink, label=label)
+    if context:
+        fig.suptitle(context, fontsize=10)
+    save_figure(fig, path)
+
+
 def plot_attention(graph, A1, path, title: str = "first layer after Stage 1", context: str = "") -> None:
     """Heatmap of ``softmax(MASK(A1))`` beside the true adjacency."""
     P = first_layer_attention(A1)
     adj = graph.adjacency()
     fig, axes = new_figure(1, 2, figsize=(9, 4.6))
-    for ax, M, name in ((axes[0], P, f"softmax(A1) {title}"), (axes[1], adj, "true adjacency (row = child)")):
-        im = ax.imshow(M, vmin=0, vmax=1, cmap="viridis")
-        ax.set_title(textwrap.fill(name, 44), fontsize=9)
-        ax.set_xlabel("key position j")
-        ax.set_ylabel("query position i")
-        _integer_axis(ax.xaxis)
-        _integer_axis(ax.yaxis)
-    fig.colorbar(im, ax=axes, shrink=0.8, label=ATTENTION_LABEL)
-    if context:
-        fig.suptitle(context, fontsize=10)
-    save_figure(fig, path)
+    panels = [(P, textwrap.fill(f"softmax(A1) {title}", 44)), (adj, textwrap.fill("true adjacency (row = child)", 44))]
+    _attention_grid(fig, axes, [panels], path, context, shrink=0.8)
 
 
 def plot_loss(trajectory, references: dict, path, context: str = "") -> None:
@@ -219,20 +228,9 @@ def plot_head_attention(graph, A1, path, title: str = "after training", context:
     P = head_attention(A1)
     k = P.shape[0]
     fig, axes = new_figure(k, 2, figsize=(9, 4.4 * k), squeeze=False)
-    for h in range(k):
-        panels = ((P[h], f"head {h}: softmax(A1^{h}) {title}"),
-                  (graph.adjacency(h), f"parent slot {h} (row T-1: target's parent)"))
-        for ax, (M, name) in zip(axes[h], panels):
-            im = ax.imshow(M, vmin=0, vmax=1, cmap="viridis")
-            ax.set_title(name, fontsize=9)
-            ax.set_xlabel("key position j")
-            ax.set_ylabel("query position i")
-            _integer_axis(ax.xaxis)
-            _integer_axis(ax.yaxis)
-    fig.colorbar(im, ax=axes, shrink=0.6, label=ATTENTION_LABEL)
-    if context:
-        fig.suptitle(context, fontsize=10)
-    save_figure(fig, path)
+    rows = [((P[h], f"head {h}: softmax(A1^{h}) {title}"),
+             (graph.adjacency(h), f"parent slot {h} (row T-1: target's parent)")) for h in range(k)]
+    _attention_grid(fig, axes, rows, path, context, shrink=0.6)
 
 
 def plot_head_attention_to_parent(trajectory, graph, path, context: str = "") -> None:
@@ -266,20 +264,9 @@ def plot_population_attention(graph, P, path, context: str = "", step: int | Non
     truth = _true_graph(graph)
     at = f" at step {int(step)}" if step is not None else ""
     fig, axes = new_figure(m, 1 + len(truth), figsize=(4.5 * (1 + len(truth)), 4.2 * m), squeeze=False)
-    im = None
-    for h in range(m):
-        panels = [(P[h], f"head {h}: population-average attention{at}")] + truth
-        for ax, (M, name) in zip(axes[h], panels):
-            im = ax.imshow(M, vmin=0, vmax=1, cmap="viridis")
-            ax.set_title(name, fontsize=9)
-            ax.set_xlabel("key position j")
-            ax.set_ylabel("query position i")
-            _integer_axis(ax.xaxis)
-            _integer_axis(ax.yaxis)
-    fig.colorbar(im, ax=axes, shrink=0.6, label="attention weight E_s[softmax(x Ã1 xᵀ)][i, j]")
-    if context:
-        fig.suptitle(context, fontsize=10)
-    save_figure(fig, path)
+    rows = [[(P[h], f"head {h}: population-average attention{at}")] + truth for h in range(m)]
+    _attention_grid(fig, axes, rows, path, context, shrink=0.6,
+                    label="attention weight E_s[softmax(x Ã1 xᵀ)][i, j]")
 
 
 def plot_parent_attention_per_position(graph, first, last, last_step: int, path, context: str = "",

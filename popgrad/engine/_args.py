@@ -38,24 +38,6 @@ def validate(task, A1, A2, eps):
     """``(A1, A2, eps)`` checked against the task: ``(T, T)``/``(S, S)`` for a single-parent task,
     ``(k, T, T)``/``(k, S, S)`` for a k-parent one (``(T, T)``/``(S, S)`` accepted when ``k = 1``)."""
     check_task(task)
-    T, S = task.T, task.S
-    if isinstance(task, MultiParentTask):
-        k = task.k
-        if k == 1 and np.ndim(A1) == 2:
-            A1 = np.asarray(A1)[None]
-        if k == 1 and np.ndim(A2) == 2:
-            A2 = np.asarray(A2)[None]
-        A1 = V.as_heads(A1, "A1")
-        A2 = V.as_heads(A2, "A2")
-        if A1.shape != (k, T, T):
-            raise ValueError(f"A1 must have shape (k, T, T) = ({k}, {T}, {T}) for this task, got {A1.shape}")
-        if A2.shape != (k, S, S):
-            raise ValueError(f"A2 must have shape (k, S, S) = ({k}, {S}, {S}) for this task, got {A2.shape}")
-    else:
-        A1 = _square_fast(A1, "A1")
-        A2 = _square_fast(A2, "A2")
-        if A1.shape != (T, T):
-            raise ValueError(f"A1 must have shape (T, T) = ({T}, {T}) for this task, got {A1.shape}")
-        if A2.shape != (S, S):
-            raise ValueError(f"A2 must have shape (S, S) = ({S}, {S}) for this task, got {A2.shape}")
+    k = task.k if isinstance(task, MultiParentTask) else None
+    A1, A2 = V.as_reduced(A1, A2, task.T, task.S, k, square=_square_fast)
     return A1, A2, V.as_eps(task, eps)

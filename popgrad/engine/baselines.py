@@ -38,6 +38,7 @@ from ..task.graphs import CausalGraph
 from ..task.multigraphs import MultiParentGraph
 from ..task.tasks import MultiParentTask, check_task
 from .api import exact_loss
+from .floor import sum_over_sequences
 from .symmetry import weighted_sequences
 
 __all__ = [
@@ -143,19 +144,17 @@ def bayes_loss(task, eps=0.0, symmetry="auto") -> float:
     TaskTooLargeError
         If ``S**T`` exceeds ``task.max_sequences``.
     """
-    check_task(task)
-    eps = as_eps(task, eps)
-    task.check_size()
-    total = 0.0
-    for _, w, mult in weighted_sequences(task, symmetry):
-        ws = w.sum(axis=1, keepdims=True)
-        pos = w > 0
-        if mult is None:
-            total -= float(np.sum(w[pos] * np.log((w / np.where(ws > 0, ws, 1.0))[pos] + eps)))
-        else:
-            terms = np.where(pos, w * np.log(np.where(pos, w / np.where(ws > 0, ws, 1.0), 1.0) + eps), 0.0)
-            total -= float(terms.sum(axis=1) @ mult)
-    return total
+    return sum_over_sequences(task, eps, symmetry, _bayes_chunk)
+
+
+def _bayes_chunk(w, mult, eps) -> float:
+    """One chunk's ``-Σ w log(w/Σ_c' w + ε)`` (``x - y`` and ``x + (-y)`` are the same float)."""
+    ws = w.sum(axis=1, keepdims=True)
+    pos = w > 0
+    if mult is None:
+        return -float(np.sum(w[pos] * np.log((w / np.where(ws > 0, ws, 1.0))[pos] + eps)))
+    terms = np.where(pos, w * np.log(np.where(pos, w / np.where(ws > 0, ws, 1.0), 1.0) + eps), 0.0)
+    return -float(terms.sum(axis=1) @ mult)
 
 
 def count_estimator_predict(graph, seqs, S, model_limit=False) -> np.ndarray:

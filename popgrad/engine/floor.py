@@ -159,17 +159,29 @@ def floor_loss(task, eps=None, symmetry="auto") -> float:
     Returns
     -------
     float
+        The floor: at most ``L_ε(A1, A2)`` for every ``A1``, ``A2``.
 
     Raises
     ------
     TaskTooLargeError
         If ``S**T`` exceeds ``task.max_sequences``.
     """
+    return sum_over_sequences(task, eps, symmetry, _floor_chunk)
+
+
+def _floor_chunk(w, mult, eps) -> float:
+    rows = floor_rows(w, eps)
+    return float(rows.sum() if mult is None else rows @ mult)
+
+
+def sum_over_sequences(task, eps, symmetry, chunk_value) -> float:
+    """``Σ chunk_value(w, mult, ε)`` over the chunks of :func:`popgrad.engine.symmetry.weighted_sequences`
+    in their order (``mult``: orbit sizes, ``None`` without the orbit reduction), after checking the task,
+    ``ε`` (``None``: ``task.default_eps``) and the enumeration size; the loop of the per-sequence baselines."""
     check_task(task)
     eps = as_eps(task, eps)
     task.check_size()
     total = 0.0
     for _, w, mult in weighted_sequences(task, symmetry):
-        rows = floor_rows(w, eps)
-        total += float(rows.sum() if mult is None else rows @ mult)
+        total += chunk_value(w, mult, eps)
     return total

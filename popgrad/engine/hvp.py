@@ -41,9 +41,9 @@ import numpy as np
 
 from .. import _validation as V
 from .._validation import ArgumentTypeError, as_eps, as_int
-from ..model.catformer import CatFormer, CatFormerParams
+from ..model.catformer import CatFormer, CatFormerParams, check_task_model
 from ..task.tasks import MultiParentTask
-from ._args import check_task, validate
+from ._args import validate
 
 __all__ = [
     "catformer_hvp", "hvp", "catformer_grad_complex", "reduced_grad_complex", "HessianSpectrum",
@@ -207,15 +207,14 @@ def catformer_grad_complex(task, model, params, eps=0.0, client=None, chunk=None
     return _sum_parts(parts)
 
 
-def _reduced_single_chunk(seqs, w, P, A2, eps):
-    """DESIGN §4 over one chunk, complex-safe: ``(loss, G (T,T), dA2 (S,S))``."""
-    T, S = P.shape[0], A2.shape[0]
-    q = seqs[:, T - 1]
-    Vv = A2[q[:, None], seqs]  # (n, T)
-    u = Vv @ P.T
+def _second_layer(seqs, X, u, w, eps):
+    """The reduced models' readout from the scores ``u (n, T)``, complex-safe: ``(loss, δ = ∂loss/∂u (n, T))``.
+
+    ``a = softmax(u)``, ``f = Σ_{s_i = c} a_i``, ``loss = -Σ w_c log(f_c + ε)`` (terms with ``w_c = 0`` left out),
+    ``δ_i = a_i (r_{s_i} - r̄)`` with ``r_c = -w_c/(f_c + ε)``, ``r̄ = Σ_c f_c r_c``; ``X (n, T, S)`` one-hot ``seqs``.
+    """
     e = np.exp(u - u.real.max(axis=1, keepdims=True))
     a = e / e.sum(axis=1, keepdims=True)
-    X = (seqs[:, :, None] == np.arange(S)).astype(np.float64)
     f = np.einsum("ni,nic->nc", a, X)
     pos = w > 0
     wp = np.where(pos, w, 0.0)
@@ -223,7 +222,17 @@ def _reduced_single_chunk(seqs, w, P, A2, eps):
     loss = -np.sum(wp * np.log(fe))
     r = -wp / fe
     rbar = np.sum(f * r, axis=1)
-    delta = a * (np.take_along_axis(r, seqs, axis=1) - rbar[:, None])
+    return loss, a * (np.take_along_axis(r, seqs, axis=1) - rbar[:, None])
+
+
+def _reduced_single_chunk(seqs, w, P, A2, eps):
+    """DESIGN §4 over one chunk, complex-safe: ``(loss, G (T,T), dA2 (S,S))``."""
+    T, S = P.shape[0], A2.shape[0]
+    q = seqs[:, T - 1]
+    Vv = A2[q[:, None], seqs]  # (n, T)
+    u = Vv @ P.T
+    X = (seqs[:, :, None] == np.arange(S)).astype(np.float64)
+    loss, delta = _second_layer(seqs, X, u, w, eps)
     G = delta.T @ Vv
     E = delta @ P  # E[n, j] = Σ_i δ_i P[i, j] -> dA2[q, s_j]
     Q = (q[:, None] == np.arange(S)).astype(np.float64)  # (n, S)
@@ -240,16 +249,7 @@ def _reduced_multi_chunk(seqs, w, P, A2, eps):
     Q = H[:, :, -1, :]
     kappa = np.einsum("nhb,hbc->nhc", Q, A2)
     u = np.einsum("nhic,nhc->ni", H, kappa)
-    e = np.exp(u - u.real.max(axis=1, keepdims=True))
-    a = e / e.sum(axis=1, keepdims=True)
-    f = np.einsum("ni,nic->nc", a, X)
-    pos = w > 0
-    wp = np.where(pos, w, 0.0)
-    fe = np.where(pos, f + eps, 1.0)
-    loss = -np.sum(wp * np.log(fe))
-    r = -wp / fe
-    rbar = np.sum(f * r, axis=1)
-    delta = a * (np.take_along_axis(r, seqs, axis=1) - rbar[:, None])  # ∂ℓ/∂u_i
+    loss, delta = _second_layer(seqs, X, u, w, eps)  # δ_i = ∂ℓ/∂u_i
     # u_i = Σ_h Σ_{b,c} Q^h_b A2^h_{bc} H^h_{ic}
     eta = np.einsum("ni,nhic->nhc", delta, H)  # Σ_i δ_i H^h_i
     dA2 = np.einsum("nhb,nhc->hbc", Q, eta)
@@ -298,12 +298,7 @@ def _step(v_flat):
 
 
 def _cat_validate(task, model, params, eps):
-    check_task(task)
-    if not isinstance(model, CatFormer):
-        raise ArgumentTypeError(f"model must be a popgrad.CatFormer, got {type(model).__name__}")
-    if (model.S, model.T) != (task.S, task.T):
-        raise ValueError(f"model has S = {model.S}, T = {model.T} but the task has S = {task.S}, T = {task.T}: "
-                         f"use CatFormer({task.S}, {task.T}, ...)")
+    check_task_model(task, model, None)  # the task, the model and their sizes
     params = model.check_params(params)
     if eps is None:
         eps = 0.0 if model.readout == "softmax" else as_eps(task, None)

@@ -77,21 +77,8 @@ def _validate(task, A1, A2, eps):
     if not isinstance(task, ExactTask):
         raise V.ArgumentTypeError(
             f"task must be a popgrad.Task or popgrad.MultiParentTask (graph + prior), got {type(task).__name__}")
-    T, S = task.T, task.S
-    if isinstance(task, MultiParentTask):
-        k = task.k
-        if k == 1 and np.ndim(A1) == 2:
-            A1 = np.asarray(A1)[None]
-        if k == 1 and np.ndim(A2) == 2:
-            A2 = np.asarray(A2)[None]
-        A1, A2 = V.as_heads(A1, "A1"), V.as_heads(A2, "A2")
-        want1, want2 = ("(k, T, T)", (k, T, T)), ("(k, S, S)", (k, S, S))
-    else:
-        A1, A2 = V.as_square(A1, "A1"), V.as_square(A2, "A2")
-        want1, want2 = ("(T, T)", (T, T)), ("(S, S)", (S, S))
-    for name, M, (sym, want) in (("A1", A1, want1), ("A2", A2, want2)):
-        if M.shape != want:
-            raise ValueError(f"{name} must have shape {sym} = ({', '.join(map(str, want))}) for this task, got {M.shape}")
+    k = task.k if isinstance(task, MultiParentTask) else None
+    A1, A2 = V.as_reduced(A1, A2, task.T, task.S, k)
     return A1, A2, V.as_eps(task, eps)
 
 

@@ -227,6 +227,51 @@ class PriorDiagnostics(NamedTuple):
         )
 
 
+def _row_digits(r: int, S: int, k: int) -> str:
+    """The parent tuple of flat row ``r`` (``k`` base-``S`` digits, most significant first), e.g. ``"0, 2"``."""
+    digits = []
+    for _ in range(k):
+        digits.append(r % S)
+        r //= S
+    return ", ".join(str(d) for d in reversed(digits))
+
+
+def checked_atoms(atoms, weights, k: int = 1, tensor_rows: bool = False) -> tuple:
+    """A prior's flat atoms ``(K, S**k, S)`` (a float64 array of its own, ``atoms[m, r, c] = π_m(c | a)`` with
+    ``r`` the base-``S`` numeral of the parent tuple ``a``) and its weights, checked (:func:`validated_weights`)
+    and made read-only: ``(atoms, weights)``.
+
+    A ValueError names the first bad entry (in tensor indices ``atoms[m][a_1, …, a_k, c]``) and its row
+    (``a``, or ``π(· | a)`` with ``tensor_rows``) and the fix: not finite, negative, or a row not summing to
+    one within :data:`ROW_SUM_TOL`.
+    """
+    S = atoms.shape[2]
+    if not np.all(np.isfinite(atoms)):
+        m = int(np.argwhere(~np.isfinite(atoms))[0, 0])
+        raise ValueError(f"atoms[{m}] has non-finite entries: transition probabilities must be finite")
+    if np.any(atoms < 0):
+        m, r, c = (int(x) for x in np.argwhere(atoms < 0)[0])
+        a = _row_digits(r, S, k)
+        raise ValueError(
+            f"atoms[{m}][{a}, {c}] = {atoms[m, r, c]:.3g} is negative (row {f'π(· | {a})' if tensor_rows else a} "
+            f"of atoms[{m}] is not a distribution): transition probabilities must be >= 0"
+        )
+    rows = atoms.sum(axis=2)
+    bad = np.abs(rows - 1.0) > ROW_SUM_TOL
+    if np.any(bad):
+        m, r = (int(x) for x in np.argwhere(bad)[0])
+        a = _row_digits(r, S, k)
+        raise ValueError(
+            f"row {f'π(· | {a})' if tensor_rows else a} of atoms[{m}] sums to {float(rows[m, r])!r}, not 1 "
+            f"(tolerance {ROW_SUM_TOL}): every row π(· | a) must be a probability distribution "
+            "(divide rows by their sums)"
+        )
+    weights = validated_weights(weights, atoms.shape[0])
+    atoms.setflags(write=False)
+    weights.setflags(write=False)
+    return atoms, weights
+
+
 class FinitePrior:
     """A finite prior over ``S×S`` transition matrices.
 
@@ -258,27 +303,7 @@ class FinitePrior:
         K, S, _ = atoms.shape
         if S < 2:
             raise ValueError(f"the alphabet needs S >= 2 tokens, got S = {S}")
-        if not np.all(np.isfinite(atoms)):
-            k = int(np.argwhere(~np.isfinite(atoms))[0, 0])
-            raise ValueError(f"atoms[{k}] has non-finite entries: transition probabilities must be finite")
-        if np.any(atoms < 0):
-            k, a, b = (int(x) for x in np.argwhere(atoms < 0)[0])
-            raise ValueError(
-                f"atoms[{k}][{a}, {b}] = {atoms[k, a, b]:.3g} is negative: transition probabilities must be >= 0"
-            )
-        rows = atoms.sum(axis=2)
-        bad = np.abs(rows - 1.0) > ROW_SUM_TOL
-        if np.any(bad):
-            k, a = (int(x) for x in np.argwhere(bad)[0])
-            raise ValueError(
-                f"row {a} of atoms[{k}] sums to {float(rows[k, a])!r}, not 1 (tolerance {ROW_SUM_TOL}): "
-                "each row pi[a, :] = pi(. | a) must be a probability distribution (divide rows by their sums)"
-            )
-        weights = validated_weights(weights, K)
-        atoms.setflags(write=False)
-        weights.setflags(write=False)
-        self._atoms = atoms
-        self._weights = weights
+        self._atoms, self._weights = checked_atoms(atoms, weights)
         self._mu = None
         self._symmetric = None
         self._base = None

@@ -23,11 +23,10 @@ import numpy as np
 from .._validation import as_int, as_rng
 from .priors import (
     MAX_CLOSURE_ATOMS,
-    ROW_SUM_TOL,
     FinitePrior,
+    checked_atoms,
     closed_under_relabeling,
     dirichlet_arguments,
-    validated_weights,
 )
 
 __all__ = ["TensorPrior", "TensorPriorDiagnostics", "dirichlet_tensor_prior", "relabel_tensor"]
@@ -120,28 +119,7 @@ class TensorPrior:
         a = _flat_atoms(a, k)
         K, R, S = a.shape
         kk = _log_int(R, S)
-        if not np.all(np.isfinite(a)):
-            m = int(np.argwhere(~np.isfinite(a))[0, 0])
-            raise ValueError(f"atoms[{m}] has non-finite entries: transition probabilities must be finite")
-        if np.any(a < 0):
-            m, r, c = (int(x) for x in np.argwhere(a < 0)[0])
-            raise ValueError(
-                f"atoms[{m}] row {_tuple_str(r, S, kk)} token {c} is {a[m, r, c]:.3g} < 0: "
-                "transition probabilities must be >= 0"
-            )
-        rows = a.sum(axis=2)
-        bad = np.abs(rows - 1.0) > ROW_SUM_TOL
-        if np.any(bad):
-            m, r = (int(x) for x in np.argwhere(bad)[0])
-            raise ValueError(
-                f"row π(· | {_tuple_str(r, S, kk)}) of atoms[{m}] sums to {float(rows[m, r])!r}, not 1 (tolerance "
-                f"{ROW_SUM_TOL}): every row must be a probability distribution (divide rows by their sums)"
-            )
-        weights = validated_weights(weights, K)
-        a.setflags(write=False)
-        weights.setflags(write=False)
-        self._atoms = a
-        self._weights = weights
+        self._atoms, self._weights = checked_atoms(a, weights, kk, tensor_rows=True)
         self._k = kk
         self._symmetric = None
 
@@ -258,14 +236,6 @@ def _flat_atoms(a, k):
     if any(d != S for d in a.shape[1:]):
         raise ValueError(f"tensor atoms must have shape (K,)+(S,)*(k+1) with S = {S}, got shape {a.shape}")
     return a.reshape(a.shape[0], -1, S)
-
-
-def _tuple_str(r, S, k) -> str:
-    digits = []
-    for _ in range(k):
-        digits.append(r % S)
-        r //= S
-    return ", ".join(str(d) for d in reversed(digits))
 
 
 def dirichlet_tensor_prior(S: int, k: int, alpha: float, n_atoms: int, seed, symmetrize=True) -> TensorPrior:

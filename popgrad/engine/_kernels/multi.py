@@ -51,7 +51,7 @@ import numpy as np
 from numba import njit
 
 
-from .numeric import mix_loss
+from .numeric import has_weight, head_backward, head_forward, head_scratch
 from .single import sum_slots  # noqa: F401  (re-exported for the callers)
 
 
@@ -90,15 +90,7 @@ def _multi_block(blk, parents, tp, atoms, pk0, P, A2, eps, D, want_grad, G, dA2)
     else:
         R = np.zeros((1, 1, 1, 1))
     w = np.empty(S)
-    Q = np.empty((k, S))
-    kap = np.empty((k, S))
-    u = np.empty(T)
-    a = np.empty(T)
-    f = np.empty(S)
-    r = np.empty(S)
-    dl = np.empty(T)
-    eta = np.empty((k, S))
-    zeta = np.empty((k, S))
+    Q, kap, u, a, f, r, dl, eta, zeta = head_scratch(k, T, S)
     for m in range(K):
         pk[0, m] = pk0[m]
     loss = 0.0
@@ -133,47 +125,12 @@ def _multi_block(blk, parents, tp, atoms, pk0, P, A2, eps, D, want_grad, G, dA2)
             for m in range(K):
                 acc += pkT[m] * at[m]
             w[c] = acc
-        total = 0.0
-        for c in range(S):
-            total += w[c]
-        if total != 0.0:
-            # ---- forward: Q^h = H^h_{T-1}, κ^h = A2^hᵀ Q^h, u_i = Σ_h <κ^h, H^h_i>
-            for h in range(k):
-                for c in range(S):
-                    Q[h, c] = Hr[T, h, T - 1, c]
-            for h in range(k):
-                for c in range(S):
-                    acc = 0.0
-                    for b2 in range(S):
-                        acc += Q[h, b2] * A2[h, b2, c]
-                    kap[h, c] = acc
-            umax = -np.inf
-            for i in range(T):
-                acc = 0.0
-                for h in range(k):
-                    for c in range(S):
-                        acc += kap[h, c] * Hr[i + 1, h, i, c]
-                u[i] = acc
-                if acc > umax:
-                    umax = acc
-            loss, rbar = mix_loss(loss, s, u, umax, w, eps, a, f, r)
+        if has_weight(w):
+            # ---- forward: Q^h = H^h_{T-1}, κ^h = A2^hᵀ Q^h, u_i = Σ_h <κ^h, H^h_i> (H^h_i = Hr[i+1, h, i])
+            loss, rbar = head_forward(loss, s, Hr, 1, A2, w, eps, Q, kap, u, a, f, r)
             if want_grad:
                 # ---- backward: δ, η^h = Σ_i δ_i H^h_i, dA2^h += Q^h η^hᵀ, ζ^h = A2^h η^h
-                for i in range(T):
-                    dl[i] = a[i] * (r[s[i]] - rbar)
-                for h in range(k):
-                    for c in range(S):
-                        acc = 0.0
-                        for i in range(T):
-                            acc += dl[i] * Hr[i + 1, h, i, c]
-                        eta[h, c] = acc
-                    for b2 in range(S):
-                        qb = Q[h, b2]
-                        acc = 0.0
-                        for c in range(S):
-                            dA2[h, b2, c] += qb * eta[h, c]
-                            acc += A2[h, b2, c] * eta[h, c]
-                        zeta[h, b2] = acc
+                head_backward(s, a, r, rbar, Hr, 1, Q, A2, dl, eta, dA2, zeta)
                 # ---- Y^h[i, c] = δ_i κ^h[c] + [i = T-1] ζ^h[c]: the leaf's own column, then into R_{T-2}
                 bl = s[T - 1]
                 for h in range(k):

@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit, prange
 
 from ...task._weights import decode_sequence
-from .numeric import log_token_mass
+from .numeric import has_weight, head_kappa, head_sums, log_token_mass
 from .twins import twins
 
 
@@ -115,15 +115,6 @@ def _add_component(pc, pi, w, Y2):
 
 
 @njit(cache=True, inline="always")
-def _has_weight(w):
-    """False when the sequence's total weight ``Σ_c w[c]`` is zero (it then adds nothing)."""
-    total = 0.0
-    for c in range(w.shape[0]):
-        total += w[c]
-    return total != 0.0
-
-
-@njit(cache=True, inline="always")
 def _softmax_tokens(s, u, a, f):
     """``a = softmax(u)`` (shifted by ``max u``) and ``f[c] = Σ_{i: s_i = c} a_i``."""
     T = s.shape[0]
@@ -163,7 +154,7 @@ def _single_sequence(m, parents, mu, atoms, prior_w, P, A2, s, w, Y2, pc, V, u, 
     weight, :func:`_forward_single`; False (nothing to add) when ``Σ_c w[c] = 0``."""
     decode_sequence(m, A2.shape[0], s.shape[0], s)
     _token_weights(s, parents, mu, atoms, prior_w, w, Y2, pc)
-    if not _has_weight(w):
+    if not has_weight(w):
         return False
     _forward_single(s, P, A2, V, u, a, f)
     return True
@@ -285,19 +276,10 @@ def _multi_block(b, block, parents, tp, atoms, pk0, P, A2, eps, mean, M2, moment
     for m in range(b * block, min((b + 1) * block, S**T)):
         decode_sequence(m, S, T, s)
         _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2, pc)
-        if not _has_weight(w):
+        if not has_weight(w):
             continue
-        for hd in range(k):
-            for i in range(T):
-                for c in range(S):
-                    H[hd, i, c] = 0.0
-                for j in range(i + 1):
-                    H[hd, i, s[j]] += P[hd, i, j]
-            for c in range(S):
-                acc = 0.0
-                for bp in range(S):
-                    acc += H[hd, T - 1, bp] * A2[hd, bp, c]
-                kap[hd, c] = acc
+        head_sums(s, P, H)
+        head_kappa(H[:, T - 1, :], A2, kap)
         for i in range(T):
             acc = 0.0
             for hd in range(k):

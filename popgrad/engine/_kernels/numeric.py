@@ -178,3 +178,119 @@ def mix_loss(loss, s, u, umax, w, eps, a, f, r):
             r[c] = 0.0
         rbar += f[c] * r[c]
     return loss, rbar
+
+
+# ===========================================================================
+# The k-head model's per-sequence pieces (DESIGN §9), shared by the k-head kernels
+@njit(cache=True, inline="always")
+def head_sums(s, P, H):
+    """``H[h, i, c] = Σ_{j ≤ i: s_j = c} P^h[i, j]`` for every head ``h`` and row ``i`` (``j`` increasing)."""
+    k = P.shape[0]
+    T = P.shape[1]
+    S = H.shape[2]
+    for h in range(k):
+        for i in range(T):
+            for c in range(S):
+                H[h, i, c] = 0.0
+            for j in range(i + 1):
+                H[h, i, s[j]] += P[h, i, j]
+
+
+@njit(cache=True, inline="always")
+def head_kappa(Q, A2, kap):
+    """``κ^h = A2^hᵀ Q^h``: ``kap[h, c] = Σ_b Q[h, b] A2[h, b, c]`` (``b`` increasing)."""
+    k = Q.shape[0]
+    S = Q.shape[1]
+    for h in range(k):
+        for c in range(S):
+            acc = 0.0
+            for b in range(S):
+                acc += Q[h, b] * A2[h, b, c]
+            kap[h, c] = acc
+
+
+@njit(cache=True, inline="always")
+def head_query_grad(Q, A2, eta, dA2, zeta):
+    """Given ``η^h = Σ_i δ_i H^h_i``: ``dA2^h += Q^h η^hᵀ`` and ``ζ^h = A2^h η^h`` (``c`` increasing)."""
+    k = Q.shape[0]
+    S = Q.shape[1]
+    for h in range(k):
+        for b in range(S):
+            qb = Q[h, b]
+            acc = 0.0
+            for c in range(S):
+                dA2[h, b, c] += qb * eta[h, c]
+                acc += A2[h, b, c] * eta[h, c]
+            zeta[h, b] = acc
+
+
+@njit(cache=True, inline="always")
+def head_scores(Hs, step, kap, u):
+    """``u_i = Σ_h <κ^h, H^h_i>`` (``h``, then ``c`` increasing); returns ``max_i u_i``.
+
+    ``H^h_i`` is read at ``Hs[step·(i+1), h, i]``: ``step = 1`` for the k-head engine's prefix state stack
+    (row ``i`` final at depth ``i+1``), ``step = 0`` for one ``(1, k, T, S)`` array.
+    """
+    k = kap.shape[0]
+    S = kap.shape[1]
+    T = u.shape[0]
+    umax = -np.inf
+    for i in range(T):
+        d = step * (i + 1)
+        acc = 0.0
+        for h in range(k):
+            for c in range(S):
+                acc += kap[h, c] * Hs[d, h, i, c]
+        u[i] = acc
+        if acc > umax:
+            umax = acc
+    return umax
+
+
+@njit(cache=True)
+def head_scratch(k, T, S):
+    """The k-head per-sequence work arrays: ``Q, κ (k, S)``, ``u, a (T,)``, ``f, r (S,)``, ``δ (T,)``, ``η, ζ (k, S)``."""
+    return (np.empty((k, S)), np.empty((k, S)), np.empty(T), np.empty(T), np.empty(S), np.empty(S),
+            np.empty(T), np.empty((k, S)), np.empty((k, S)))
+
+
+@njit(cache=True, inline="always")
+def has_weight(w):
+    """False when a sequence's total weight ``Σ_c w[c]`` is zero (it then adds nothing)."""
+    total = 0.0
+    for c in range(w.shape[0]):
+        total += w[c]
+    return total != 0.0
+
+
+@njit(cache=True, inline="always")
+def head_forward(loss, s, Hs, step, A2, w, eps, Q, kap, u, a, f, r):
+    """The k-head model's forward on one sequence from its ``H^h_i`` (read as in :func:`head_scores`):
+    ``Q^h = H^h_{T-1}``, ``κ^h = A2^hᵀ Q^h``, ``u_i = Σ_h <κ^h, H^h_i>``, then :func:`mix_loss`;
+    returns ``(loss, r̄)``."""
+    k = Q.shape[0]
+    S = Q.shape[1]
+    T = u.shape[0]
+    for h in range(k):
+        for c in range(S):
+            Q[h, c] = Hs[step * T, h, T - 1, c]
+    head_kappa(Q, A2, kap)
+    umax = head_scores(Hs, step, kap, u)
+    return mix_loss(loss, s, u, umax, w, eps, a, f, r)
+
+
+@njit(cache=True, inline="always")
+def head_backward(s, a, r, rbar, Hs, step, Q, A2, dl, eta, dA2, zeta):
+    """After :func:`head_forward`: ``δ_i = a_i (r_{s_i} - r̄)``, ``η^h = Σ_i δ_i H^h_i`` (``i`` increasing;
+    ``H^h_i`` read as in :func:`head_scores`), ``dA2^h += Q^h η^hᵀ``, ``ζ^h = A2^h η^h``."""
+    T = dl.shape[0]
+    for i in range(T):
+        dl[i] = a[i] * (r[s[i]] - rbar)
+    k, S = eta.shape
+    for h in range(k):
+        for c in range(S):
+            acc = 0.0
+            for i in range(T):
+                acc += dl[i] * Hs[step * (i + 1), h, i, c]
+            eta[h, c] = acc
+    head_query_grad(Q, A2, eta, dA2, zeta)

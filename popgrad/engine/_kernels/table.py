@@ -3,12 +3,17 @@
 :func:`loss_grad_multi_rows` is the per-sequence form of
 :func:`popgrad.engine._kernels.multi._multi_block` (same equations, DESIGN §9 /
 :mod:`popgrad.engine.multi`) with the weights ``w (n, S)`` given instead of
-carried per atom: ``O(k·T²·S)`` per sequence. Block ``b`` covers rows
+carried per atom: ``O(k·T²·S)`` per sequence. The forward and backward of a
+sequence are the prefix engine's own (:func:`popgrad.engine._kernels.numeric.head_forward`,
+:func:`~popgrad.engine._kernels.numeric.head_backward`), so the two engines share their
+arithmetic, the stable log of an underflowing token mass included. Block ``b`` covers rows
 ``b·block_size …``; one slot per block, summed in block order by the caller
 (independent of the thread count). ``cache=True``, never ``fastmath``.
 """
 import numpy as np
 from numba import njit, prange
+
+from .numeric import has_weight, head_backward, head_forward, head_scratch, head_sums
 
 
 @njit(cache=True, error_model="numpy")
@@ -17,83 +22,19 @@ def _multi_rows_block(blk, seqs, w, P, A2, eps, block_size, want_grad, G, dA2):
     T = P.shape[1]
     S = A2.shape[1]
     n = seqs.shape[0]
-    H = np.empty((k, T, S))
-    Q = np.empty((k, S))
-    kap = np.empty((k, S))
-    u = np.empty(T)
-    a = np.empty(T)
-    f = np.empty(S)
-    r = np.empty(S)
-    dl = np.empty(T)
-    eta = np.empty((k, S))
-    zeta = np.empty((k, S))
+    H4 = np.empty((1, k, T, S))  # H^h_i = H[h, i]: one array for head_forward / head_backward (step 0)
+    H = H4[0]
+    Q, kap, u, a, f, r, dl, eta, zeta = head_scratch(k, T, S)
     loss = 0.0
     for m in range(blk * block_size, min((blk + 1) * block_size, n)):
         s = seqs[m]
         wm = w[m]
-        total = 0.0
-        for c in range(S):
-            total += wm[c]
-        if total == 0.0:
+        if not has_weight(wm):
             continue
-        for h in range(k):
-            for i in range(T):
-                for c in range(S):
-                    H[h, i, c] = 0.0
-                for j in range(i + 1):
-                    H[h, i, s[j]] += P[h, i, j]
-        for h in range(k):
-            for c in range(S):
-                Q[h, c] = H[h, T - 1, c]
-        for h in range(k):
-            for c in range(S):
-                acc = 0.0
-                for b2 in range(S):
-                    acc += Q[h, b2] * A2[h, b2, c]
-                kap[h, c] = acc
-        umax = -np.inf
-        for i in range(T):
-            acc = 0.0
-            for h in range(k):
-                for c in range(S):
-                    acc += kap[h, c] * H[h, i, c]
-            u[i] = acc
-            if acc > umax:
-                umax = acc
-        Z = 0.0
-        for i in range(T):
-            a[i] = np.exp(u[i] - umax)
-            Z += a[i]
-        for c in range(S):
-            f[c] = 0.0
-        for i in range(T):
-            a[i] = a[i] / Z
-            f[s[i]] += a[i]
-        rbar = 0.0
-        for c in range(S):
-            if wm[c] != 0.0:
-                fe = f[c] + eps
-                loss -= wm[c] * np.log(fe)
-                r[c] = -wm[c] / fe
-            else:
-                r[c] = 0.0
-            rbar += f[c] * r[c]
+        head_sums(s, P, H)
+        loss, rbar = head_forward(loss, s, H4, 0, A2, wm, eps, Q, kap, u, a, f, r)
         if want_grad:
-            for i in range(T):
-                dl[i] = a[i] * (r[s[i]] - rbar)
-            for h in range(k):
-                for c in range(S):
-                    acc = 0.0
-                    for i in range(T):
-                        acc += dl[i] * H[h, i, c]
-                    eta[h, c] = acc
-                for b2 in range(S):
-                    qb = Q[h, b2]
-                    acc = 0.0
-                    for c in range(S):
-                        dA2[h, b2, c] += qb * eta[h, c]
-                        acc += A2[h, b2, c] * eta[h, c]
-                    zeta[h, b2] = acc
+            head_backward(s, a, r, rbar, H4, 0, Q, A2, dl, eta, dA2, zeta)
             # G^h[i, j] += Y^h[i, s_j],  Y^h[i, c] = δ_i κ^h[c] + [i = T-1] ζ^h[c]
             for h in range(k):
                 for i in range(T):
