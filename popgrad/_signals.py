@@ -185,6 +185,10 @@ def _raise_terminated(signum, frame):
     raise Terminated()
 
 
+#: The warning filter the command's children inherit (:func:`cli_session`).
+_TRACKER_FILTER = "ignore:resource_tracker:UserWarning"
+
+
 @contextmanager
 def cli_session():
     """The command's signal handling for the duration of ``main`` (see the module doc)."""
@@ -199,6 +203,10 @@ def cli_session():
         sys.unraisablehook = _unraisable  # a Terminated raised in a __del__ is sent again, not lost
     flag = os.environ.get(CHILD_FLAG)
     os.environ[CHILD_FLAG] = "1"  # the command's worker processes ignore a terminal's Ctrl-C
+    # multiprocessing's resource tracker (a child started with this environment) warns about the
+    # semaphores of workers killed on an interrupt: not the command's one line, and nothing leaks
+    warn = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [warn, _TRACKER_FILTER]))
     _STATE["session"] = True
     try:
         yield
@@ -207,6 +215,10 @@ def cli_session():
             os.environ.pop(CHILD_FLAG, None)
         else:
             os.environ[CHILD_FLAG] = flag
+        if warn is None:
+            os.environ.pop("PYTHONWARNINGS", None)
+        else:
+            os.environ["PYTHONWARNINGS"] = warn
         if old is not None:
             signal.signal(signal.SIGTERM, old)
             sys.unraisablehook = hook

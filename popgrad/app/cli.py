@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from .. import __version__
@@ -166,6 +167,11 @@ def main(argv=None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    if is_cli_process() and hasattr(signal, "pthread_sigmask"):
+        # Done: the interpreter's finalization resets the handlers to the default, where a late SIGTERM
+        # would kill the finished command with -15 and nothing said. Blocked, it is discarded at exit:
+        # the status says what happened.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     return code
 
 
