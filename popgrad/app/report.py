@@ -104,6 +104,8 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
                 "final_loss_kind": ("sampled" if sampled else "exact") if last is not None else None,
                 "final_loss_se": final_se if sampled else None,
                 "stage2_samples": int(getattr(trajectory, "stage2_samples", 0)),
+                "monotonicity": trajectory.monotonicity.to_json() if hasattr(trajectory, "monotonicity") else None,
+                "loss_curve": trajectory.monotonicity.describe() if hasattr(trajectory, "monotonicity") else None,
             },
             "checks": [c.to_dict() for c in checks],
             "all_passed": all_passed(checks),
@@ -246,6 +248,8 @@ def render_markdown(report: dict, sections=()) -> str:
     final = {"value": tr["final_loss"], "kind": tr.get("final_loss_kind") or "exact", "se": tr.get("final_loss_se"),
              "n": tr.get("stage2_samples")}
     lines.append(f"| final loss L(θ̂) | {_fmt_value(final)} | {_kind(final)} |")
+    if tr.get("loss_curve"):
+        lines += ["", f"Loss curve: {tr['loss_curve']}."]
     lines += [
         "",
         "## Theorem checks",

@@ -32,16 +32,17 @@ import math
 import warnings
 from typing import NamedTuple
 
-import numba
 import numpy as np
 
-from .._validation import ArgumentTypeError, as_eps, warn_inf
+from .._validation import ArgumentTypeError, as_eps, as_seqs, warn_inf
 from ..model.catformer import CatFormer, catformer_backward
 from ..task.tasks import MultiParentTask
 from ._args import check_task, options_or_default
 from ._kernels import catformer as _kc
+from ._kernels.twins import use_parallel
 
-__all__ = ["CatFormerLossAndGrad", "catformer_loss_and_grad", "catformer_loss", "catformer_loss_and_grad_numpy"]
+__all__ = ["CatFormerLossAndGrad", "catformer_loss_and_grad", "catformer_loss", "catformer_loss_and_grad_numpy",
+           "catformer_rows_loss_and_grad", "catformer_rows_loss_and_grad_numpy"]
 
 
 class CatFormerLossAndGrad(NamedTuple):
@@ -131,6 +132,103 @@ def _dispatch(task, model, params, eps, want_grad, client, opts) -> CatFormerLos
     return finish_slots(model, job, loss_s, gr_s)
 
 
+# ====================================================================== explicit rows
+def catformer_rows_loss_and_grad(seqs, w, model, params, eps=None, options=None,
+                                 want_grad=True) -> CatFormerLossAndGrad:
+    """Exact loss ``Σ_r Σ_c w[r, c] (-log(f_c(s_r) + ε))`` over given sequences and its gradients.
+
+    The sum :func:`catformer_loss_and_grad` takes over every sequence with the task's weights, taken
+    over the rows of ``seqs`` with the weights ``w`` instead: sampled training passes a sample with
+    ``w = y / n`` (soft labels), a weight table passes its rows. With ``seqs`` every sequence and ``w``
+    the task's weights it is the population loss (the same number up to rounding).
+
+    Parameters
+    ----------
+    seqs : array_like of int, shape (n, T)
+        Tokens in ``0 … S-1``, query last (``n ≥ 0``; a single ``(T,)`` row is promoted).
+    w : array_like of float, shape (n, S)
+        Finite weights ``≥ 0``; a row of zeros contributes nothing.
+    model : CatFormer
+    params : CatFormerParams
+    eps : float, optional
+        ``ε ≥ 0``. Default ``0`` for the softmax readout (cross entropy, as a log-softmax); required
+        for the linear readout (the population default ``T_eff**-0.5`` needs a task).
+    options : EngineOptions, optional
+        ``catformer_rows_per_block`` (rows per block); default :data:`popgrad.DEFAULT_OPTIONS`.
+    want_grad : bool, default True
+        ``False``: the loss only (``dA``, ``dW`` are ``None``).
+
+    Returns
+    -------
+    CatFormerLossAndGrad
+
+    Notes
+    -----
+    The rows are sorted (by their tokens, ties by their weights) and cut into blocks of
+    ``catformer_rows_per_block`` rows; within a block consecutive rows share the rows of their
+    common prefix (a trie walk); each block writes one slot and the slots are added in block order.
+    The result depends on the multiset of (row, weights) pairs and the options only: the same bits
+    for any thread count and any order of the given rows.
+    """
+    seqs, w, params, eps, opts = _validate_rows(seqs, w, model, params, eps, options)
+    n = seqs.shape[0]
+    job = make_job(None, model, params, eps, want_grad, opts)
+    if n:
+        order = np.lexsort(np.concatenate([w.T[::-1], seqs.T[::-1]]))  # by tokens, ties by weights
+        seqs = np.ascontiguousarray(seqs[order])
+        w = np.ascontiguousarray(w[order])
+    per = int(opts.catformer_rows_per_block)
+    n_blocks = max(1, -(-n // per))
+    loss_s = np.zeros(n_blocks)
+    gr_s = np.zeros((n_blocks, job.n_A + job.w_shape[0] * job.w_shape[1]))
+    kernel = _kc.run_rows if use_parallel(n_blocks, n, opts) else _kc.run_rows_serial
+    kernel(seqs, w, per, job.sizes, job.hinfo, job.prm, job.eps, job.softmax_readout, bool(want_grad), loss_s, gr_s)
+    return finish_blocks_of(model, job, loss_s, gr_s)
+
+
+def catformer_rows_loss_and_grad_numpy(seqs, w, model, params, eps=None, chunk=4096) -> CatFormerLossAndGrad:
+    """NumPy reference of :func:`catformer_rows_loss_and_grad` (:func:`popgrad.model.catformer.catformer_backward`
+    over chunks of the rows, in the given order)."""
+    seqs, w, params, eps, _ = _validate_rows(seqs, w, model, params, eps, None)
+    loss = 0.0
+    dA = [np.zeros_like(a) for a in params.A]
+    dW = np.zeros_like(params.W)
+    for lo in range(0, seqs.shape[0], int(chunk)):
+        l_c, dA_c, dW_c = catformer_backward(model, params, seqs[lo:lo + chunk], w[lo:lo + chunk], eps)
+        loss += l_c
+        for a, b in zip(dA, dA_c):
+            a += b
+        dW += dW_c
+    return _finish(loss, dA, dW, True)
+
+
+def _validate_rows(seqs, w, model, params, eps, options):
+    if not isinstance(model, CatFormer):
+        raise ArgumentTypeError(f"model must be a popgrad.CatFormer, got {type(model).__name__}")
+    params = model.check_params(params)
+    seqs = as_seqs(seqs, model.T, model.S)
+    try:
+        w = np.asarray(w, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ArgumentTypeError(f"w must be a real array of shape (n, S) = ({seqs.shape[0]}, {model.S})") from None
+    if w.ndim == 1 and seqs.shape[0] == 1:
+        w = w[None, :]
+    if w.shape != (seqs.shape[0], model.S):
+        raise ValueError(f"w must have shape (n, S) = ({seqs.shape[0]}, {model.S}) (one weight per row and class), "
+                         f"got {w.shape}")
+    if not np.all(np.isfinite(w)) or (w.size and w.min() < 0):
+        bad = tuple(int(i) for i in np.argwhere(~(np.isfinite(w) & (w >= 0)))[0])
+        raise ValueError(f"w{list(bad)} = {w[bad]}: weights must be finite and >= 0")
+    if eps is None:
+        if model.readout != "softmax":
+            raise ValueError("eps is required with the linear readout (e.g. eps=task.default_eps)")
+        eps = 0.0
+    else:
+        eps = as_eps(None, eps)
+    return np.ascontiguousarray(seqs, dtype=np.int64), np.ascontiguousarray(w), params, eps, \
+        options_or_default(options)
+
+
 # ====================================================================== the trie engine
 class CatFormerJob(NamedTuple):
     """One evaluation, ready for the kernels: the model's flat arrays and the block structure.
@@ -193,7 +291,7 @@ def make_job(task, model, params, eps, want_grad, opts) -> CatFormerJob:
     sizes = (T, S, dims[0], max(dl1, dims[0]), len(rows), max(r[1] for r in rows), max(n_last, 1), dims[L],
              len(Af), dl1, n_inner, n_inner, n_last)
     n_fixed, n_blocks = block_count(S, T, opts)
-    parallel = bool(n_blocks > 1 and task.n_sequences >= opts.parallel_min_sequences and numba.get_num_threads() > 1)
+    parallel = task is not None and use_parallel(n_blocks, task.n_sequences, opts)
     return CatFormerJob("catformer", n_fixed, n_blocks, tuple(int(x) for x in sizes), hinfo, prm, len(Af),
                         tuple(params.W.shape), float(eps), model.readout == "softmax", bool(want_grad), parallel)
 
@@ -255,6 +353,11 @@ def run_chunk(task, job, lo, hi):
 
 
 def finish_slots(model, job, loss_s, gr_s, _unused=None) -> CatFormerLossAndGrad:
+    """Add the slots in block order and unflatten ``[dA | dW]`` into the structure of ``params``."""
+    return finish_blocks_of(model, job, loss_s, gr_s)
+
+
+def finish_blocks_of(model, job, loss_s, gr_s) -> CatFormerLossAndGrad:
     """Add the slots in block order and unflatten ``[dA | dW]`` into the structure of ``params``."""
     loss = float(_kc.sum_slots(loss_s, gr_s))
     g = gr_s[0]

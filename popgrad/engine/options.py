@@ -52,6 +52,8 @@ class EngineOptions:
     a2_range_limit : float
         ``"auto"`` uses the prefix engine when ``max_q (max_b A2[q,b] - min_b A2[q,b])``
         is at most this (its exponential tables must stay far from underflow).
+    catformer_rows_per_block : int
+        Rows per block of the full model's rows kernel (sampled batches, weight tables).
     field_parallel_min_work : int
         Smallest work estimate (inner steps) for which a Stage-1 field kernel uses the thread
         pool; below it the ``_serial`` twin runs (same iterations, same bits).
@@ -70,6 +72,7 @@ class EngineOptions:
     multi_block_sequences: int = 4096
     a2_range_limit: float = 500.0
     field_parallel_min_work: int = 4_000_000
+    catformer_rows_per_block: int = 256
 
     def __post_init__(self):
         for f in fields(self):

@@ -38,9 +38,15 @@ from ..task.tasks import Task, TaskTooLargeError, check_task
 from ..theory.information import has_idealized_gradient, idealized_grad_A1
 from .config import TrainConfig, resolve_auto
 from .loop import StepValues, run_schedule, start_state
+from .reduced import ReducedScheme
 from .trajectory import Trajectory, attention_to_parent
 
 __all__ = ["train_two_stage", "idealized_available"]
+
+
+def _grads(dA1, dA2) -> dict:
+    """The step's gradients under the scheme's names (only those computed)."""
+    return {k: v for k, v in (("A1", dA1), ("A2", dA2)) if v is not None}
 
 
 def _cos(a, b) -> float:
@@ -107,8 +113,10 @@ def train_two_stage(
     eps : float, optional
         Loss perturbation; default ``T_eff ** -0.5``.
     divergence_patience : int
-        Stop (status ``"diverged"``) after this many consecutive loss
-        increases, or at once on a non-finite loss or parameter.
+        Stop (status ``"diverged"``) when the loss stays above its value at the start of the stage
+        for this many steps, or at once on a non-finite loss or parameter; a stage that ends above
+        its start is diverged too. Rises that come back are recorded
+        (``Trajectory.monotonicity``), not stopped (:mod:`popgrad.train.loop`).
     checkpoint_path : path, optional
         Where to write a checkpoint (atomically) every ``checkpoint_every``
         steps and at the end.
@@ -167,9 +175,11 @@ def train_two_stage(
                 f"{what} needs the exact population: {exc} For Stage 1 at any T: gradient='field' "
                 "(or 'idealized'); for Stage 2 beyond enumeration: stage2='sampled'."
             ) from None
-    state = start_state(task, cfg, checkpoint_path, checkpoint_every, resume)
-
     graph = task.graph
+    scheme = ReducedScheme(task, cfg, lambda A1: attention_to_parent(graph, A1), cfg.eta1(task), cfg.eta2(task))
+    state = start_state(task, scheme, checkpoint_path, checkpoint_every, resume)
+    arrays = lambda: (state.arrays["A1"], state.arrays["A2"])  # noqa: E731  (the current parameters)
+
     field_M = stage1_field(task, cfg.eps).M if cfg.gradient == "field" else None
     saa = {}  # the Stage-2 objective, built at the first step that needs it (A1 is then frozen)
 
@@ -177,7 +187,7 @@ def train_two_stage(
         if "obj" not in saa:
             n = cfg.samples
             if n == 0:  # A1 is frozen from here on and A2 starts at β0·I: the same n after a resume
-                n, _ = default_samples(task, state.A1, cfg.beta0 * np.eye(task.S), cfg.eps)
+                n, _ = default_samples(task, state.arrays["A1"], cfg.beta0 * np.eye(task.S), cfg.eps)
             saa["obj"] = SampledObjective(task, n, cfg.sample_seed, cfg.eps, options=None)
         return saa["obj"]
 
@@ -190,41 +200,43 @@ def train_two_stage(
     sgd_eps = task.default_eps if cfg.eps is None else cfg.eps
 
     def sgd_step(t, stage, record) -> StepValues:
+        A1, A2 = arrays()
         batch = task.sample(cfg.batch_size, np.random.SeedSequence([cfg.sample_seed, t]))
         w = batch.targets / cfg.batch_size
-        res = rows_loss_and_grad(batch.seqs, w, state.A1, state.A2, sgd_eps, want_dA1=stage != 2)
+        res = rows_loss_and_grad(batch.seqs, w, A1, A2, sgd_eps, want_dA1=stage != 2)
         loss, se = float("nan"), float("nan")
         if record and enumerable:
-            loss = exact_loss(task, state.A1, state.A2, cfg.eps, client=client)
+            loss = exact_loss(task, A1, A2, cfg.eps, client=client)
         elif record:
-            est = estimate(rows_losses(batch.seqs, batch.targets, state.A1, state.A2, sgd_eps))
+            est = estimate(rows_losses(batch.seqs, batch.targets, A1, A2, sgd_eps))
             loss, se = est.value, est.se
-        return StepValues(loss, res.dA1, res.dA2, float("nan"), record, se)
+        return StepValues(loss, _grads(res.dA1, res.dA2), record, se)
 
     def evaluate(t, stage, record) -> StepValues:
         if cfg.gradient == "sgd":
             return sgd_step(t, stage, record)
+        A1, A2 = arrays()
         if sampled and cfg.steps1 <= t:  # Stage 2 (and the step that starts it) on the fixed sample
             obj = objective()
-            res = obj.loss_and_grad(state.A1, state.A2, want_dA1=stage == 1 and field_M is None)
-            se = float(obj.loss(state.A1, state.A2).se) if record else float("nan")
-            dA1 = field_grad_A1(field_M, state.A1, cfg.beta0) if stage == 1 and field_M is not None else res.dA1
-            return StepValues(res.loss, dA1, res.dA2, float("nan"), True, se)
+            res = obj.loss_and_grad(A1, A2, want_dA1=stage == 1 and field_M is None)
+            se = float(obj.loss(A1, A2).se) if record else float("nan")
+            dA1 = field_grad_A1(field_M, A1, cfg.beta0) if stage == 1 and field_M is not None else res.dA1
+            return StepValues(res.loss, _grads(dA1, res.dA2), True, se)
         # Stage 2, joint training and the step that starts Stage 2 need the exact gradient.
         needs_exact = cfg.gradient == "exact" or stage != 1 or cfg.steps1 <= t < cfg.steps1 + cfg.steps2
         loss = float("nan")
         exact = None
         if needs_exact:
-            exact = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps, client=client)
+            exact = exact_loss_and_grad(task, A1, A2, cfg.eps, client=client)
             loss = exact.loss
         elif record and enumerable:
-            loss = exact_loss(task, state.A1, state.A2, cfg.eps, client=client)
+            loss = exact_loss(task, A1, A2, cfg.eps, client=client)
         dA1 = dA2 = None
         if stage == 1 or cfg.schedule == "joint":
             if cfg.gradient == "idealized" and stage == 1:
-                dA1 = idealized_grad_A1(task, state.A1, cfg.beta0)
+                dA1 = idealized_grad_A1(task, A1, cfg.beta0)
             elif cfg.gradient == "field" and stage == 1:
-                dA1 = field_grad_A1(field_M, state.A1, cfg.beta0)
+                dA1 = field_grad_A1(field_M, A1, cfg.beta0)
             else:
                 dA1 = exact.dA1
         if exact is not None:
@@ -232,25 +244,22 @@ def train_two_stage(
         cosine = float("nan")
         if record and stage == 1 and has_ideal:
             if cfg.gradient == "exact":
-                exact_dA1, ideal = dA1, idealized_grad_A1(task, state.A1, cfg.beta0)
+                exact_dA1, ideal = dA1, idealized_grad_A1(task, A1, cfg.beta0)
             elif cfg.gradient == "field":  # the exact first-order gradient against Knowl 3's prediction
-                exact_dA1, ideal = dA1, idealized_grad_A1(task, state.A1, cfg.beta0)
+                exact_dA1, ideal = dA1, idealized_grad_A1(task, A1, cfg.beta0)
             else:
                 ideal = dA1
                 exact_dA1 = None
                 if exact is not None:
                     exact_dA1 = exact.dA1
                 elif enumerable:
-                    exact_dA1 = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps, client=client).dA1
+                    exact_dA1 = exact_loss_and_grad(task, A1, A2, cfg.eps, client=client).dA1
             if exact_dA1 is not None:
                 cosine = _cos(exact_dA1, ideal)
-        return StepValues(loss, dA1, dA2, cosine, exact is not None)
+        return StepValues(loss, _grads(dA1, dA2), exact is not None, extra={"cosine": cosine})
 
-    traj = run_schedule(
-        task, cfg, state, evaluate, lambda A1: attention_to_parent(graph, A1),
-        eta1=cfg.eta1(task), eta2=cfg.eta2(task), checkpoint_path=checkpoint_path,
-        checkpoint_every=checkpoint_every, progress=progress,
-    )
+    traj = run_schedule(task, scheme, state, evaluate, checkpoint_path=checkpoint_path,
+                        checkpoint_every=checkpoint_every, progress=progress)
     if sampled:
         traj = replace(traj, stage2_samples=objective().n)
     return traj

@@ -1,16 +1,31 @@
 """The one gradient-descent loop every trainer shares (:func:`run_schedule`), its state and checkpoints.
 
-:func:`run_schedule` records, stops on divergence, applies the update of the
-schedule and writes checkpoints; the trainers (:func:`popgrad.train_two_stage`,
-:func:`popgrad.train_multi_head`, :func:`popgrad.train_catformer`) only say
-what a step evaluates. What is trained, how a step updates it, and what is
-recorded is a *scheme* (:class:`ReducedScheme` for the reduced model's
-``A1``/``A2`` gradient descent; :class:`popgrad.train.catformer.CatFormerScheme`
-for the full model with the official optimizers): the named float64 arrays a
-checkpoint holds (parameters and optimizer state), the records, the update.
-Every computation is deterministic, so a run resumed from a checkpoint is
-bit-identical to an uninterrupted one; a checkpoint is validated field by field
-before it is used (:func:`validate_checkpoint`).
+The loop knows no model. What is trained is a *scheme* (:class:`Scheme`, a
+``typing.Protocol``): its parameters as a mapping name → float64 array, the
+gradients a step evaluates under the same names, the arrays its checkpoint
+holds (parameters and optimizer state), what it records, and the fix its
+divergence messages name. The schemes: the reduced model
+(:class:`popgrad.train.reduced.ReducedScheme`), its k heads
+(:class:`popgrad.train.reduced.MultiHeadScheme`) and the full model with
+optax-style optimizers (:class:`popgrad.train.catformer.CatFormerScheme`).
+
+:func:`run_schedule` evaluates each step (the trainer's ``evaluate``),
+records, watches for divergence (:class:`DivergenceTracker`), applies the
+scheme's update and writes checkpoints. Every computation is deterministic, so
+a run resumed from a checkpoint is bit-identical to an uninterrupted one; a
+checkpoint is validated field by field before it is used
+(:func:`validate_checkpoint`), and checkpoints of earlier popgrad versions
+still resume.
+
+Divergence (DESIGN §8): a run is ``"diverged"`` when a loss or a parameter
+becomes non-finite, when the loss stays above the loss at the start of its
+stage for ``divergence_patience`` steps in a row, or when a stage ends above
+its start. "Above" means by more than rounding (:data:`ABOVE_RTOL`) for an
+exact loss, and by more than :data:`Z_NOISE` standard errors for a sampled
+estimate (so sampling noise alone never stops a run). A loss that rises above
+its best and comes back is not divergence: the run goes on, and each such
+*non-monotone episode* is counted with its height
+(:class:`popgrad.train.trajectory.Monotonicity`, on the trajectory).
 """
 from __future__ import annotations
 
@@ -18,197 +33,283 @@ import json
 import math
 import os
 import sys
-from dataclasses import asdict
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 from tqdm import tqdm
 
 from .._io import atomic_savez
 from .._validation import as_int
-from .config import MultiHeadTrainConfig
-from .trajectory import Trajectory, _as_path, _open_npz
+from .trajectory import Monotonicity, _as_path, _open_npz
 
-__all__ = ["run_schedule", "StepValues", "ReducedScheme", "start_state", "load_checkpoint", "validate_checkpoint",
-           "CheckpointError", "DIVERGENCE_RTOL"]
+__all__ = ["run_schedule", "StepValues", "Scheme", "start_state", "load_checkpoint", "validate_checkpoint",
+           "CheckpointError", "DivergenceTracker", "ABOVE_RTOL", "NONMONOTONE_RTOL", "LARGE_RISE", "Z_NOISE"]
 
-#: A loss more than this far above its lowest value (relative) counts towards divergence: after
-#: ``divergence_patience`` such steps in a row the run stops with status ``"diverged"``.
-DIVERGENCE_RTOL = 1e-2
+#: An exact loss is "above" a reference ``r`` when it exceeds ``r + ABOVE_RTOL·max(|r|, 1e-3)`` (rounding aside).
+ABOVE_RTOL = 1e-9
+#: A rise above the best loss smaller than this (relative) is rounding, not a non-monotone episode.
+NONMONOTONE_RTOL = 1e-9
+#: An episode whose rise exceeds this fraction of the best loss counts as large (:class:`Monotonicity`).
+LARGE_RISE = 1e-2
+#: A sampled loss is "above" a reference only beyond this many standard errors of their difference.
+Z_NOISE = 4.0
 
 
-# ---------------------------------------------------------------- schemes
-class ReducedScheme:
-    """Plain gradient descent on the reduced model's ``A1``, ``A2`` (Algorithm 1, joint, k heads).
+# ---------------------------------------------------------------- the scheme contract
+@runtime_checkable
+class Scheme(Protocol):
+    """What the loop needs from a trainer (the reduced, k-head and full-model trainers are three).
 
-    The loop's original behaviour, unchanged: arrays ``A1``, ``A2``; records
-    :data:`popgrad.train.trajectory._RECORDED`; update ``A1 ← A1 − η1 dA1``
-    for ``t < steps1`` then ``A2 ← A2 − η2 dA2`` (joint: both); the result is a
-    :class:`Trajectory`. ``attention``, ``eta1``, ``eta2`` are only needed to
-    run (not to validate a checkpoint).
-
-    A scheme tells the loop: ``config`` (its ``asdict`` is the checkpoint's
-    configuration), ``total`` (the last step), ``patience``, ``hint`` (the fix
-    named in divergence messages), ``should_record(t)``, ``stage_of(t)``,
-    ``initial_arrays()``, ``array_specs()`` (name -> shape of every float64
-    array a checkpoint holds), ``record_specs(n)`` (record key -> (shape,
-    dtype)), ``record(state, step, t, stage)``, ``update(state, step, t)`` and
-    ``result(state)``.
+    Attributes
+    ----------
+    config : object
+        The run's settings; :meth:`config_dict` is what a checkpoint must match.
+    total : int
+        The last step (updates ``0 … total-1``; step ``total`` is evaluated and recorded).
+    patience : int
+        Steps in a row above the stage's starting loss before the run stops as diverged.
+    hint : str
+        The fix divergence messages name (e.g. ``"lower lr1/lr2"``, ``"lower lr"``).
     """
 
-    hint = "lower lr1/lr2"
+    config: Any
+    total: int
+    patience: int
+    hint: str
 
-    def __init__(self, task, cfg, attention=None, eta1=None, eta2=None):
-        self.task, self.config = task, cfg
-        self.attention, self.eta1, self.eta2 = attention, eta1, eta2
-        self.total = cfg.steps1 + cfg.steps2
-        self.patience = cfg.divergence_patience
+    def config_dict(self) -> dict:
+        """The JSON-able settings a checkpoint stores and a resumed run must match."""
 
-    def should_record(self, t: int) -> bool:
-        return _should_record(self.config, t)
-
-    def stage_of(self, t: int) -> int:
-        return _stage_of(self.config, t)
+    def param_names(self) -> tuple:
+        """The names of the trained arrays (gradients come under the same names)."""
 
     def initial_arrays(self) -> dict:
-        T, S = self.task.T, self.task.S
-        return {"A1": np.zeros((T, T)), "A2": self.config.beta0 * np.eye(S)}
+        """Every array of a fresh run's checkpoint state: parameters and optimizer state (name → array)."""
 
     def array_specs(self) -> dict:
-        shape1, shape2, _ = _param_shapes(self.task, self.config)
-        return {"A1": shape1, "A2": shape2}
+        """``name → (shape, dtype)`` of every array :meth:`initial_arrays` returns."""
+
+    def should_record(self, t: int) -> bool: ...
+
+    def stage_of(self, t: int) -> int:
+        """The stage of step ``t`` (``0`` when the schedule has one stage)."""
 
     def record_specs(self, n: int) -> dict:
-        shape1, shape2, shape_attn = _param_shapes(self.task, self.config)
-        f, i = np.float64, np.int64
-        return {"step": ((n,), i), "stage": ((n,), i), "loss": ((n,), f), "loss_se": ((n,), f),
-                "grad_norm": ((n,), f), "cosine": ((n,), f), "attn_parent": ((n, *shape_attn), f),
-                "A1": ((n, *shape1), f), "A2": ((n, *shape2), f)}
+        """``record key → (shape, dtype)`` of ``n`` records."""
 
-    def record(self, state, step, t: int, stage: int):
-        if stage == 1:
-            gnorm = float(np.linalg.norm(step.dA1))
-        elif stage == 2:
-            gnorm = float(np.linalg.norm(step.dA2))
-        else:
-            gnorm = float(np.sqrt(np.sum(step.dA1**2) + np.sum(step.dA2**2)))
-        return (
-            ("step", t), ("stage", stage), ("loss", step.loss), ("loss_se", step.loss_se), ("grad_norm", gnorm),
-            ("cosine", step.cosine),
-            ("attn_parent", self.attention(state.A1)), ("A1", state.A1.copy()), ("A2", state.A2.copy()),
-        )
+    def record(self, arrays: Mapping, step: "StepValues", t: int, stage: int):
+        """``(key, value)`` pairs recorded at step ``t`` (``arrays`` the state before the update)."""
 
-    def update(self, state, step, t: int) -> None:
-        _update(state, self.config, step, t, self.eta1, self.eta2)
+    def update(self, arrays: Mapping, grads: Mapping, t: int) -> dict:
+        """The arrays after the update of step ``t`` (new arrays; ``grads`` under :meth:`param_names`)."""
 
-    def result(self, state):
-        return Trajectory(**state.to_arrays(), status=state.status, message=state.message, config=self.config)
+    def result(self, state: "_State"):
+        """The trajectory of a finished run."""
 
 
-def _as_scheme(task, cfg):
-    """``cfg`` itself if it is a scheme, else the :class:`ReducedScheme` of a ``TrainConfig``."""
-    return cfg if hasattr(cfg, "array_specs") else ReducedScheme(task, cfg)
+class StepValues(NamedTuple):
+    """What one step evaluates at the current parameters.
 
-
-# ---------------------------------------------------------------- the loop
-class _State:
-    """Mutable state of a run; everything a checkpoint must hold.
-
-    ``arrays`` are the scheme's named float64 arrays (parameters, optimizer
-    state); ``A1`` and ``A2`` name two of them for the reduced trainers.
+    Attributes
+    ----------
+    loss : float
+        Population loss, exact or a sampled estimate (NaN when not computed).
+    grads : mapping
+        Gradients under the scheme's parameter names (only those the step applies).
+    loss_is_exact : bool
+        Whether ``loss`` was computed (exactly or as an estimate): a NaN then means divergence.
+    loss_se : float
+        Standard error of a sampled ``loss`` (NaN when exact or not computed).
+    extra : mapping
+        Scheme-specific recorded values (the reduced model: ``"cosine"``).
     """
 
-    def __init__(self, task, cfg):
-        scheme = _as_scheme(task, cfg)
+    loss: float
+    grads: Mapping
+    loss_is_exact: bool = True
+    loss_se: float = float("nan")
+    extra: Mapping = {}
+
+
+# ---------------------------------------------------------------- divergence
+class DivergenceTracker:
+    """The divergence rule and the non-monotone episodes of a run (module docstring).
+
+    State (all in the checkpoint): ``ref``/``ref_se``/``ref_step`` the loss at the start of the stage,
+    ``best``/``best_se`` the lowest loss of the stage, ``above`` steps in a row above ``ref``, and the
+    episode counters of :class:`Monotonicity` (``in_episode``, ``peak`` of the open episode).
+    """
+
+    FIELDS = ("ref", "ref_se", "ref_step", "best", "best_se", "above", "in_episode", "episodes", "max_rise",
+              "max_rise_rel", "worst_step", "steps_above_best", "last", "last_se", "last_step", "large_episodes",
+              "episode_is_large")
+
+    def __init__(self):
+        self.ref = self.ref_se = self.best = self.best_se = math.nan
+        self.last = self.last_se = math.nan
+        self.ref_step = self.worst_step = self.last_step = -1
+        self.above = self.episodes = self.steps_above_best = 0
+        self.in_episode = self.episode_is_large = False
+        self.large_episodes = 0
+        self.max_rise = self.max_rise_rel = 0.0
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.FIELDS}
+
+    @classmethod
+    def from_json(cls, d) -> "DivergenceTracker":
+        out = cls()
+        for k in cls.FIELDS:
+            v = d.get(k, getattr(out, k))
+            setattr(out, k, float(v) if isinstance(getattr(out, k), float) and v is not None else v)
+        return out
+
+    @staticmethod
+    def _tol(ref, ref_se, se, rtol):
+        noise = math.sqrt((0.0 if math.isnan(se) else se) ** 2 + (0.0 if math.isnan(ref_se) else ref_se) ** 2)
+        return max(rtol * max(abs(ref), 1e-3), Z_NOISE * noise)
+
+    def is_above(self, loss, se, ref, ref_se) -> bool:
+        return loss > ref + self._tol(ref, ref_se, se, ABOVE_RTOL)
+
+    def start_stage(self, t, loss, se) -> None:
+        self.ref, self.ref_se, self.ref_step = loss, se, t
+        self.best, self.best_se = loss, se
+        self.above = 0
+        self.in_episode = False
+
+    def observe(self, t: int, loss: float, se: float, patience: int, hint: str) -> str:
+        """Account for the finite loss of step ``t``; the reason to stop, or ``""``."""
+        self.last, self.last_se, self.last_step = loss, se, t
+        if math.isnan(self.ref):
+            self.start_stage(t, loss, se)
+            return ""
+        # non-monotone episodes: a rise above the best that (usually) comes back
+        if loss > self.best + self._tol(self.best, self.best_se, se, NONMONOTONE_RTOL):
+            if not self.in_episode:
+                self.in_episode, self.episode_is_large = True, False
+                self.episodes += 1
+            self.steps_above_best += 1
+            rise = loss - self.best
+            rel = rise / abs(self.best) if self.best else math.inf
+            if rel > LARGE_RISE and not self.episode_is_large:
+                self.episode_is_large = True
+                self.large_episodes += 1
+            if rise > self.max_rise:
+                self.max_rise, self.max_rise_rel, self.worst_step = rise, rel, t
+        else:
+            self.in_episode = False
+        if loss < self.best:
+            self.best, self.best_se = loss, se
+        # divergence: above the stage's start for `patience` steps in a row
+        self.above = self.above + 1 if self.is_above(loss, se, self.ref, self.ref_se) else 0
+        if self.above >= patience:
+            return (f"the loss stayed above its value at the start of the stage, {self.ref:.6g} (step "
+                    f"{self.ref_step}), for {self.above} steps (step {t}, loss {loss:.6g}): {hint}")
+        return ""
+
+    def end_stage(self, t: int, hint: str) -> str:
+        """The end-of-stage rule: the stage's last loss above its first is divergence (``""`` otherwise)."""
+        if math.isnan(self.ref) or math.isnan(self.last) or self.last_step == self.ref_step:
+            return ""
+        if self.is_above(self.last, self.last_se, self.ref, self.ref_se):
+            return (f"the loss at the end of the stage, {self.last:.6g} (step {self.last_step}), is above its value "
+                    f"at the start, {self.ref:.6g} (step {self.ref_step}): {hint}")
+        return ""
+
+    def monotonicity(self) -> Monotonicity:
+        return Monotonicity(self.episodes, self.max_rise, self.max_rise_rel, self.worst_step, self.steps_above_best,
+                            self.large_episodes)
+
+
+# ---------------------------------------------------------------- state and checkpoints
+class _State:
+    """Mutable state of a run; everything a checkpoint must hold (``arrays``: the scheme's named arrays)."""
+
+    def __init__(self, scheme):
         self.t = 0
         self.arrays = scheme.initial_arrays()
         self._empty = {k: np.zeros(shape, dtype=dtype) for k, (shape, dtype) in scheme.record_specs(0).items()}
         self.rec = {k: [] for k in self._empty}
-        self.increases = 0
-        self.prev_loss = math.inf
-        self.best_loss = math.inf  # lowest loss so far, and steps in a row above it (divergence)
-        self.above_best = 0
+        self.tracker = DivergenceTracker()
         self.status = "completed"
         self.message = ""
         self.done = False  # True once the run has finished (completed or diverged)
 
-    @property
-    def A1(self):
-        return self.arrays["A1"]
-
-    @A1.setter
-    def A1(self, value):
-        self.arrays["A1"] = value
-
-    @property
-    def A2(self):
-        return self.arrays["A2"]
-
-    @A2.setter
-    def A2(self, value):
-        self.arrays["A2"] = value
-
     def to_arrays(self):
         return {k: np.asarray(v) if v else self._empty[k] for k, v in self.rec.items()}
+
+    @property
+    def monotonicity(self) -> Monotonicity:
+        return self.tracker.monotonicity()
 
 
 def _checkpoint_payload(state, scheme, task):
     arrays = {f"rec_{k}": v for k, v in state.to_arrays().items()}
     meta = {
         "t": state.t,
-        "increases": state.increases,
-        "prev_loss": state.prev_loss,
-        "best_loss": state.best_loss,
-        "above_best": state.above_best,
+        "tracker": state.tracker.to_json(),
         "done": state.done,
         "status": state.status,
         "message": state.message,
-        "config": asdict(scheme.config),
+        "config": scheme.config_dict(),
         "graph": task.graph.to_string(),
         "S": task.S,
-        "atoms_fingerprint": _fingerprint(task),
+        "atoms_fingerprint": task.fingerprint,
     }
     return dict(**state.arrays, meta_json=np.array(json.dumps(meta)), **arrays)
-
-
-def _fingerprint(task) -> str:
-    return task.fingerprint
 
 
 class CheckpointError(ValueError):
     """A checkpoint file that cannot be resumed from (damaged, edited, or not a popgrad checkpoint)."""
 
 
-def _should_record(cfg, t: int) -> bool:
-    """Whether step ``t`` is recorded: the first and last step of each stage, and every ``record_every``."""
-    total = cfg.steps1 + cfg.steps2
-    if t in (0, cfg.steps1, total) or (cfg.schedule != "joint" and t == cfg.steps1 + 1):
-        return True
-    return t % cfg.record_every == 0
+def _as_scheme(task, cfg):
+    """``cfg`` itself if it is a :class:`Scheme`; a reduced ``TrainConfig`` gives its scheme (the old API)."""
+    if isinstance(cfg, Scheme):
+        return cfg
+    from .config import MultiHeadTrainConfig, TrainConfig
 
-
-def _stage_of(cfg, t: int) -> int:
-    if cfg.schedule == "joint":
-        return 0
-    return 1 if t <= cfg.steps1 else 2
-
-
-def _param_shapes(task, cfg):
-    T, S = task.T, task.S
     if isinstance(cfg, MultiHeadTrainConfig):
-        return (task.k, T, T), (task.k, S, S), (task.k, T)
-    return (T, T), (S, S), (T,)
+        from .reduced import MultiHeadScheme
+        return MultiHeadScheme(task, cfg)
+    if isinstance(cfg, TrainConfig):
+        from .reduced import ReducedScheme
+        return ReducedScheme(task, cfg)
+    raise TypeError(f"cfg must be a training scheme (popgrad.train.loop.Scheme) or a popgrad.TrainConfig, "
+                    f"got {type(cfg).__name__}")
+
+
+def _same_config(stored: dict, current: dict, defaults: dict) -> bool:
+    """Equal settings; a setting added since the file was written matches when it has its default value."""
+    current = json.loads(json.dumps(current))
+    defaults = json.loads(json.dumps(defaults))
+    for key in set(current) - set(stored):
+        if key not in defaults or current[key] != defaults[key]:
+            return False
+    return all(k in current and current[k] == v for k, v in stored.items())
+
+
+def _replay(tracker, steps, stages, losses, ses, scheme):
+    """A tracker rebuilt from the records (checkpoints written before the tracker was saved)."""
+    prev_stage = None
+    for t, stage, loss, se in zip(steps, stages, losses, ses):
+        if prev_stage is not None and stage != prev_stage:
+            tracker.start_stage(tracker.last_step, tracker.last, tracker.last_se)
+        prev_stage = stage
+        if math.isfinite(loss):
+            tracker.observe(int(t), float(loss), float(se), math.inf, "")
+    return tracker
 
 
 def validate_checkpoint(z, path, task, cfg) -> _State:
     """The :class:`_State` a checkpoint archive ``z`` holds, after checking every field.
 
-    ``cfg`` is a ``TrainConfig`` (the reduced model) or a scheme. Checks: the
-    metadata (JSON, every key and its type), the task fingerprint and
-    configuration, the step counter (``0 <= t <= total``), the scheme's arrays
-    (shape, float64, finite), and the records (the steps the schedule records
-    up to ``t``, stages, dtypes, shapes). Raises :class:`CheckpointError`
-    naming the file and what is wrong.
+    ``cfg`` is a :class:`Scheme` (or a reduced ``TrainConfig``). Checks: the metadata (JSON, every key and
+    its type), the task fingerprint and configuration, the step counter (``0 <= t <= total``), the scheme's
+    arrays (shape, dtype, finite), and the records (the steps the schedule records up to ``t``, stages,
+    dtypes, shapes). Raises :class:`CheckpointError` naming the file and what is wrong.
     """
     scheme = _as_scheme(task, cfg)
 
@@ -224,17 +325,20 @@ def validate_checkpoint(z, path, task, cfg) -> _State:
         raise bad(f"metadata is not JSON ({exc})") from None
     if not isinstance(meta, dict):
         raise bad("metadata is not a JSON object")
-    kinds = {"t": int, "increases": int, "prev_loss": (int, float), "best_loss": (int, float), "above_best": int,
-             "done": bool, "status": str, "message": str, "config": dict, "graph": str, "S": int,
+    legacy = "tracker" not in meta  # written before popgrad tracked non-monotone episodes
+    kinds = {"t": int, "done": bool, "status": str, "message": str, "config": dict, "graph": str, "S": int,
              "atoms_fingerprint": str}
+    kinds.update({"increases": int, "prev_loss": (int, float), "best_loss": (int, float), "above_best": int}
+                 if legacy else {"tracker": dict})
     for key, kind in kinds.items():
         if key not in meta:
             raise bad(f"metadata has no {key!r}")
         value = meta[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise bad(f"metadata {key!r} = {value!r} has the wrong type")
-    same_config = meta["config"] == json.loads(json.dumps(asdict(scheme.config)))
-    if meta["atoms_fingerprint"] != _fingerprint(task) or not same_config:
+    defaults = getattr(scheme, "config_defaults", lambda: {})()
+    if meta["atoms_fingerprint"] != task.fingerprint or not _same_config(meta["config"], scheme.config_dict(),
+                                                                         defaults):
         raise ValueError(
             f"checkpoint {path} belongs to a different task or configuration: "
             "resume with exactly the settings of the original run, or start afresh without --resume"
@@ -247,30 +351,39 @@ def validate_checkpoint(z, path, task, cfg) -> _State:
         raise bad(f"status {meta['status']!r} is not 'completed' or 'diverged'")
     if meta["status"] == "diverged" and not meta["done"]:
         raise bad("a diverged run that is not marked done")
-    if not 0 <= meta["increases"] <= scheme.patience or not 0 <= meta["above_best"] <= scheme.patience:
+    if legacy and (meta["increases"] < 0 or meta["above_best"] < 0):
         raise bad("divergence counters out of range")
+    tracker = None
+    if not legacy:
+        try:
+            tracker = DivergenceTracker.from_json(meta["tracker"])
+        except (KeyError, TypeError, ValueError):
+            raise bad("divergence tracker unreadable") from None
+        if not 0 <= tracker.above <= scheme.patience:
+            raise bad("divergence counters out of range")
+    source = scheme.checkpoint_source(z, meta) if hasattr(scheme, "checkpoint_source") else z
 
     def array(key, shape, dtype):
         try:
-            a = z[key]
+            a = source[key]
         except KeyError:
             raise bad(f"no array {key!r}") from None
         except (ValueError, OSError, EOFError) as exc:
             raise bad(f"array {key!r} is unreadable ({exc})") from None
         if a.dtype != dtype:
             raise bad(f"array {key!r} has dtype {a.dtype}, expected {np.dtype(dtype)}")
-        if a.shape != shape:
-            raise bad(f"array {key!r} has shape {a.shape}, expected {shape}")
+        if a.shape != tuple(shape):
+            raise bad(f"array {key!r} has shape {a.shape}, expected {tuple(shape)}")
         return np.array(a)
 
-    params = {key: array(key, shape, np.float64) for key, shape in scheme.array_specs().items()}
-    if not all(np.all(np.isfinite(a)) for a in params.values()) and meta["status"] != "diverged":
+    arrays = {key: array(key, shape, dtype) for key, (shape, dtype) in scheme.array_specs().items()}
+    if meta["status"] != "diverged" and not all(np.all(np.isfinite(a)) for a in arrays.values()):
         raise bad("non-finite parameters in a run that did not diverge")
     want = [s for s in range(t) if scheme.should_record(s)]
     if meta["done"] and scheme.should_record(t):
         # a completed run recorded its last step; a diverged one may have stopped before recording step t
         try:
-            got = z["rec_step"]
+            got = source["rec_step"]
         except KeyError:
             raise bad("no array 'rec_step'") from None
         if meta["status"] == "completed" or (got.ndim == 1 and len(got) == len(want) + 1):
@@ -280,27 +393,27 @@ def validate_checkpoint(z, path, task, cfg) -> _State:
     rec = {k: array(f"rec_{k}", shape, dtype) for k, (shape, dtype) in scheme.record_specs(n).items()}
     if not np.array_equal(rec["step"], want_steps):
         raise bad(f"the recorded steps do not match the step counter t = {t}")
-    if "stage" in rec and not np.array_equal(
-            rec["stage"], np.array([scheme.stage_of(int(s)) for s in want_steps], dtype=np.int64)):
+    stages = np.array([scheme.stage_of(int(s)) for s in want_steps], dtype=np.int64)
+    if "stage" in rec and not np.array_equal(rec["stage"], stages):
         raise bad("the recorded stages do not match the schedule")
-    state = _State(task, scheme)
+    state = _State(scheme)
     state.t = t
-    state.increases = meta["increases"]
-    state.prev_loss = float(meta["prev_loss"])
-    state.best_loss = float(meta["best_loss"])
-    state.above_best = meta["above_best"]
     state.done = meta["done"]
     state.status = meta["status"]
     state.message = meta["message"]
-    state.arrays = params
+    state.arrays = arrays
     for k in state.rec:
         state.rec[k] = list(rec[k])
+    if tracker is None:
+        ses = rec["loss_se"] if "loss_se" in rec else np.full(n, np.nan)
+        tracker = _replay(DivergenceTracker(), want_steps, stages, rec["loss"], ses, scheme)
+    state.tracker = tracker
     return state
 
 
 def load_checkpoint(path, task, cfg) -> _State:
     """Restore the state saved by a checkpoint, checking it belongs to this run and every field
-    (:func:`validate_checkpoint`; ``cfg`` a ``TrainConfig`` or a scheme); :class:`CheckpointError`
+    (:func:`validate_checkpoint`; ``cfg`` a :class:`Scheme` or a ``TrainConfig``); :class:`CheckpointError`
     (a ``ValueError``) otherwise."""
     path = _as_path(path, "checkpoint_path")
 
@@ -317,9 +430,9 @@ def load_checkpoint(path, task, cfg) -> _State:
             raise bad(f"unreadable ({type(exc).__name__})") from None
 
 
-def start_state(task, cfg, checkpoint_path, checkpoint_every, resume) -> "_State":
+def start_state(task, cfg, checkpoint_path, checkpoint_every, resume) -> _State:
     """Validate the checkpoint arguments; a fresh :class:`_State`, or the one saved at ``checkpoint_path``
-    (``cfg`` a ``TrainConfig`` or a scheme)."""
+    (``cfg`` a :class:`Scheme` or a ``TrainConfig``)."""
     as_int(checkpoint_every, "checkpoint_every", minimum=0)
     if not isinstance(resume, (bool, np.bool_)):
         raise TypeError(f"resume must be True or False, got {resume!r}")
@@ -331,7 +444,7 @@ def start_state(task, cfg, checkpoint_path, checkpoint_every, resume) -> "_State
         if not os.path.isdir(folder):
             raise ValueError(f"checkpoint_path {checkpoint_path}: folder {folder} does not exist")
     if not resume:
-        return _State(task, cfg)
+        return _State(_as_scheme(task, cfg))
     if checkpoint_path is None:
         raise ValueError("resume=True needs checkpoint_path")
     if not os.path.exists(checkpoint_path):
@@ -339,54 +452,18 @@ def start_state(task, cfg, checkpoint_path, checkpoint_every, resume) -> "_State
     return load_checkpoint(checkpoint_path, task, cfg)
 
 
-class StepValues(NamedTuple):
-    """What one step of a schedule evaluates at the current parameters.
-
-    Attributes
-    ----------
-    loss : float
-        Exact population loss (NaN when not computed).
-    dA1, dA2 : ndarray or None
-        The gradients the step may apply (``None`` when the stage does not need one).
-    cosine : float
-        Exact-vs-idealized Stage-1 cosine (NaN when not measured).
-    loss_is_exact : bool
-        Whether ``loss`` was computed, exactly or as a sampled estimate (a NaN then means divergence).
-    loss_se : float
-        Standard error of a sampled ``loss`` (NaN when exact or not computed).
-    grads : tuple of ndarray, optional
-        A scheme's gradients in its own layout (the full model: ``dÃ^(1), …, dÃ^(L), dW``).
-    """
-
-    loss: float
-    dA1: object
-    dA2: object
-    cosine: float
-    loss_is_exact: bool
-    loss_se: float = float("nan")
-    grads: object = None
-
-
-def run_schedule(task, cfg, state, evaluate, attention=None, *, eta1=None, eta2=None, checkpoint_path,
-                 checkpoint_every, progress, scheme=None):
+# ---------------------------------------------------------------- the loop
+def run_schedule(task, scheme, state, evaluate, *, checkpoint_path, checkpoint_every, progress):
     """The gradient-descent loop shared by every trainer.
 
-    ``evaluate(t, stage, record) -> StepValues`` computes what step ``t``
-    needs at the state's current arrays. The loop records (the scheme's
-    ``record``), stops on divergence (non-finite values,
-    ``cfg.divergence_patience`` consecutive loss increases or steps above the
-    lowest loss, or a final loss more than :data:`DIVERGENCE_RTOL` above the
-    lowest), applies the scheme's update, writes checkpoints and returns the
-    scheme's result.
-
-    Without ``scheme``: the reduced model (:class:`ReducedScheme` of ``cfg``
-    with ``attention(A1)`` the recorded attention-to-parent array and the
-    step sizes ``eta1``, ``eta2``; two-stage: ``A1`` for ``t < steps1``,
-    then ``A2``; joint: both); the result is a :class:`Trajectory`.
+    ``evaluate(t, stage, record) -> StepValues`` computes what step ``t`` needs at ``state.arrays``.
+    The loop records (``scheme.record``), stops on divergence (module docstring), applies
+    ``scheme.update``, writes checkpoints and returns ``scheme.result(state)``.
     """
-    if scheme is None:
-        scheme = ReducedScheme(task, cfg, attention, eta1, eta2)
+    if not isinstance(scheme, Scheme):
+        raise TypeError(f"scheme must satisfy popgrad.train.loop.Scheme, got {type(scheme).__name__}")
     total = scheme.total
+    tracker = state.tracker
     bar = None
     if progress and sys.stderr.isatty():
         bar = tqdm(total=total, initial=state.t, desc="popgrad", unit="step", file=sys.stderr)
@@ -395,35 +472,41 @@ def run_schedule(task, cfg, state, evaluate, attention=None, *, eta1=None, eta2=
         t = state.t
         stage = scheme.stage_of(t)
         record = scheme.should_record(t)
-        if not _finite_params(state):  # an update overflowed: stop before evaluating at inf/NaN
+        if not _finite(state.arrays):  # an update overflowed: stop before evaluating at inf/NaN
             _diverge(state, f"non-finite parameters after the update of step {t - 1} (overflow): {scheme.hint}")
             break
         with np.errstate(over="ignore", invalid="ignore"):
             step = evaluate(t, stage, record)
         loss = step.loss
         if record:
-            for key, value in scheme.record(state, step, t, stage):
+            for key, value in scheme.record(state.arrays, step, t, stage):
                 state.rec[key].append(value)
         # --- divergence
-        if step.loss_is_exact and math.isnan(loss):
-            _diverge(state, f"non-finite loss at step {t}: {scheme.hint}")
-            break
-        if not math.isnan(loss):
-            if math.isinf(loss):
-                _diverge(state, f"infinite loss at step {t} (eps = 0 and a token got zero mass?)")
+        if math.isnan(loss):
+            if step.loss_is_exact:
+                _diverge(state, f"non-finite loss at step {t}: {scheme.hint}")
                 break
-            why = _track_loss(state, scheme, loss, t)
+        elif math.isinf(loss):
+            _diverge(state, f"infinite loss at step {t} (eps = 0 and a token got zero mass?)")
+            break
+        else:
+            why = tracker.observe(t, float(loss), float(step.loss_se), scheme.patience, scheme.hint)
+            if why:
+                _diverge(state, why)
+                break
+        last_of_stage = t == total or scheme.stage_of(t + 1) != stage
+        if last_of_stage:
+            why = tracker.end_stage(t, scheme.hint)
             if why:
                 _diverge(state, why)
                 break
         if t == total:
-            why = _final_excess(state, loss, t)
-            if why:
-                _diverge(state, why)
             break
         # --- update (step t -> t+1); an overflow is caught at the top of the next step
         with np.errstate(over="ignore", invalid="ignore"):
-            scheme.update(state, step, t)
+            state.arrays = scheme.update(state.arrays, step.grads, t)
+        if last_of_stage:  # the next stage starts from the parameters this step was evaluated at
+            tracker.start_stage(tracker.last_step, tracker.last, tracker.last_se)
         state.t = t + 1
         if bar is not None:
             bar.update(1)
@@ -438,53 +521,10 @@ def run_schedule(task, cfg, state, evaluate, attention=None, *, eta1=None, eta2=
     return scheme.result(state)
 
 
-def _finite_params(state) -> bool:
-    return bool(all(np.all(np.isfinite(a)) for a in state.arrays.values()))
+def _finite(arrays) -> bool:
+    return bool(all(np.all(np.isfinite(a)) for a in arrays.values() if np.issubdtype(a.dtype, np.floating)))
 
 
 def _diverge(state, message: str) -> None:
     state.status = "diverged"
     state.message = message
-
-
-def _track_loss(state, scheme, loss: float, t: int) -> str:
-    """Update the divergence counters with the loss of step ``t``; the reason to stop, or ``""``.
-
-    Two signs of divergence, each sustained for ``scheme.patience`` steps: the loss rising
-    at every step, or the loss staying more than :data:`DIVERGENCE_RTOL` above its lowest value
-    (a step that overshoots and lands on a plateau, e.g. a saturated softmax).
-    """
-    state.increases = state.increases + 1 if loss > state.prev_loss else 0
-    state.prev_loss = loss
-    if loss < state.best_loss:
-        state.best_loss = loss
-    state.above_best = state.above_best + 1 if loss > state.best_loss + DIVERGENCE_RTOL * abs(state.best_loss) else 0
-    if state.increases >= scheme.patience:
-        return f"loss increased for {state.increases} consecutive steps (step {t}, loss {loss:.6g}): {scheme.hint}"
-    if state.above_best >= scheme.patience:
-        return (f"loss stayed more than {DIVERGENCE_RTOL:.0%} above its lowest value {state.best_loss:.6g} for "
-                f"{state.above_best} steps (step {t}, loss {loss:.6g}): {scheme.hint}")
-    return ""
-
-
-def _final_excess(state, loss: float, t: int) -> str:
-    """The end-of-run rule: a final loss more than :data:`DIVERGENCE_RTOL` above the lowest loss of the run
-    counts as divergence, however few steps were left for the patience rule (``""`` otherwise)."""
-    if math.isnan(loss) or not math.isfinite(state.best_loss):
-        return ""
-    if loss > state.best_loss + DIVERGENCE_RTOL * abs(state.best_loss):
-        return (f"the final loss {loss:.6g} (step {t}) is more than {DIVERGENCE_RTOL:.0%} above the lowest loss of "
-                f"the run, {state.best_loss:.6g}: lower lr1/lr2")
-    return ""
-
-
-def _update(state, cfg, step, t, eta1, eta2) -> None:
-    """Gradient step ``t -> t+1`` of the schedule (two-stage: ``A1`` for ``t < steps1``, then ``A2``; joint: both)."""
-    joint = cfg.schedule == "joint"
-    if joint:
-        state.A1 = state.A1 - eta1 * step.dA1
-        state.A2 = state.A2 - eta2 * step.dA2
-    elif t < cfg.steps1:
-        state.A1 = state.A1 - eta1 * step.dA1
-    else:
-        state.A2 = state.A2 - eta2 * step.dA2

@@ -51,48 +51,14 @@ import numpy as np
 
 from .._validation import ArgumentTypeError
 from ..engine.api import exact_loss_and_grad
-from ..model.multihead import head_attention
 from ..task.tasks import MultiParentTask, check_task
 from .config import MultiHeadTrainConfig
 from .loop import StepValues, run_schedule, start_state
+from .reduced import MultiHeadScheme, attention_to_slot_parents, initial_parameters
 from .trajectory import Trajectory
 
-__all__ = ["MultiHeadTrainConfig", "train_multi_head", "initial_parameters", "attention_to_slot_parents"]
-
-
-def initial_parameters(task: MultiParentTask, beta0: float, init_seed: int, init_scale: float):
-    """The deterministic symmetry-breaking start (module docstring).
-
-    Returns
-    -------
-    A1 : float64 (k, T, T)
-        ``init_scale · N(0, 1)`` on and below each diagonal, 0 above.
-    A2 : float64 (k, S, S)
-        ``β0 · I`` for every head.
-    """
-    k, T, S = task.k, task.T, task.S
-    rng = np.random.default_rng(init_seed)
-    A1 = init_scale * rng.standard_normal((k, T, T))
-    A1 = np.where(np.tri(T, dtype=bool), A1, 0.0)
-    A2 = np.stack([beta0 * np.eye(S) for _ in range(k)])
-    return A1, A2
-
-
-def attention_to_slot_parents(graph, A1) -> np.ndarray:
-    """``softmax(A1^h)[i, slot_parents(h)[i]]`` per head and row, NaN where the slot has no parent.
-
-    Returns
-    -------
-    float64 (k, T)
-        Row ``T-1`` measures attention on the target's ``h``-th parent.
-    """
-    P = head_attention(A1)
-    out = np.full((graph.k, graph.T), np.nan)
-    for h in range(graph.k):
-        par = graph.slot_parents(h)
-        rows = np.flatnonzero(par >= 0)
-        out[h, rows] = P[h, rows, par[rows]]
-    return out
+__all__ = ["MultiHeadTrainConfig", "MultiHeadScheme", "train_multi_head", "initial_parameters",
+           "attention_to_slot_parents"]
 
 
 def train_multi_head(
@@ -143,8 +109,8 @@ def train_multi_head(
     eps : float, optional
         Loss perturbation; default ``T_eff ** -0.5``.
     divergence_patience : int
-        Stop after this many consecutive loss increases (or at once on a
-        non-finite loss or parameter).
+        Stop when the loss stays above its start (of the stage) for this many steps, or at once on a
+        non-finite loss or parameter (as :func:`popgrad.train_two_stage`).
     config : MultiHeadTrainConfig, optional
         Every setting at once (``popgrad run`` passes its resolved one); the keyword settings
         above are then unused.
@@ -168,24 +134,18 @@ def train_multi_head(
         raise ArgumentTypeError(f"config must be a popgrad.MultiHeadTrainConfig, got {type(config).__name__}")
     cfg = config.validate()
     task.check_size()
-    state = start_state(task, cfg, checkpoint_path, checkpoint_every, resume)
-    if not resume:
-        state.A1, state.A2 = initial_parameters(task, cfg.beta0, cfg.init_seed, cfg.init_scale)
-        if A1_init is not None:
-            A1_init = np.array(A1_init, dtype=np.float64)
-            if A1_init.shape != state.A1.shape or not np.all(np.isfinite(A1_init)):
-                raise ValueError(f"A1_init must be a finite array of shape (k, T, T) = {state.A1.shape}, "
-                                 f"got shape {A1_init.shape}")
-            state.A1 = A1_init
-
-    joint = cfg.schedule == "joint"
+    if A1_init is not None:
+        A1_init = np.array(A1_init, dtype=np.float64)
+        shape = (task.k, task.T, task.T)
+        if A1_init.shape != shape or not np.all(np.isfinite(A1_init)):
+            raise ValueError(f"A1_init must be a finite array of shape (k, T, T) = {shape}, "
+                             f"got shape {A1_init.shape}")
+    scheme = MultiHeadScheme(task, cfg, A1_init)
+    state = start_state(task, scheme, checkpoint_path, checkpoint_every, resume)
 
     def evaluate(t, stage, record) -> StepValues:
-        res = exact_loss_and_grad(task, state.A1, state.A2, cfg.eps, client=client)
-        return StepValues(res.loss, res.dA1, res.dA2, float("nan"), True)
+        res = exact_loss_and_grad(task, state.arrays["A1"], state.arrays["A2"], cfg.eps, client=client)
+        return StepValues(res.loss, {"A1": res.dA1, "A2": res.dA2})
 
-    return run_schedule(
-        task, cfg, state, evaluate, lambda A1: attention_to_slot_parents(task.graph, A1),
-        eta1=cfg.lr1 * task.S * task.T if joint else cfg.eta1(task), eta2=cfg.eta2(task),
-        checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every, progress=progress,
-    )
+    return run_schedule(task, scheme, state, evaluate, checkpoint_path=checkpoint_path,
+                        checkpoint_every=checkpoint_every, progress=progress)

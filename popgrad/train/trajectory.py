@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -11,7 +13,59 @@ from .._io import atomic_savez
 from ..model.reduced import first_layer_attention
 from .config import MultiHeadTrainConfig, TrainConfig
 
-__all__ = ["Trajectory", "attention_to_parent"]
+__all__ = ["Trajectory", "Monotonicity", "attention_to_parent"]
+
+
+class Monotonicity(NamedTuple):
+    """How often and how high a run's loss rose above its best value and came back (DESIGN §8).
+
+    An *episode* starts at a step whose loss exceeds the lowest loss so far (of the stage) by more than
+    rounding (a sampled loss: by more than ``Z_NOISE`` standard errors) and ends when the loss is back
+    at or below it. Such rises are not divergence: the run goes on.
+
+    Attributes
+    ----------
+    episodes : int
+        Number of episodes (0: the loss never rose above its best).
+    max_rise : float
+        The largest rise above the best loss (loss units).
+    max_rise_rel : float
+        ``max_rise / |best|`` at that step.
+    worst_step : int
+        The step of the largest rise (-1 when there was none).
+    steps_above_best : int
+        Steps (evaluations) spent above the best loss.
+    large_episodes : int
+        Episodes that rose more than 1 % (``LARGE_RISE``) above the best loss.
+    """
+
+    episodes: int = 0
+    max_rise: float = 0.0
+    max_rise_rel: float = 0.0
+    worst_step: int = -1
+    steps_above_best: int = 0
+    large_episodes: int = 0
+
+    @property
+    def monotone(self) -> bool:
+        return self.episodes == 0
+
+    def describe(self) -> str:
+        """``"monotone"`` or ``"non-monotone: 3 episodes of rising loss (1 over 1%), the highest … (step …), …"``."""
+        if self.monotone:
+            return "monotone"
+        return (f"non-monotone: {self.episodes} episode{'s' if self.episodes != 1 else ''} of rising loss "
+                f"({self.large_episodes} over 1%), the highest {self.max_rise:.3g} ({100 * self.max_rise_rel:.3g}%) "
+                f"above the best loss (step {self.worst_step}), {self.steps_above_best} steps above the best in all")
+
+    def to_json(self) -> dict:
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in self._asdict().items()}
+
+    @classmethod
+    def from_json(cls, d) -> "Monotonicity":
+        return cls(int(d["episodes"]), float(d["max_rise"]), math.inf if d["max_rise_rel"] is None
+                   else float(d["max_rise_rel"]), int(d["worst_step"]), int(d["steps_above_best"]),
+                   int(d.get("large_episodes", 0)))
 
 _RECORDED = ("step", "stage", "loss", "loss_se", "grad_norm", "cosine", "attn_parent", "A1", "A2")
 
@@ -53,6 +107,8 @@ class Trajectory:
     message : str
         Why the run stopped (empty when completed).
     config : TrainConfig
+    monotonicity : Monotonicity
+        The non-monotone episodes of the loss (:meth:`Monotonicity.describe`).
     """
 
     step: np.ndarray
@@ -68,6 +124,7 @@ class Trajectory:
     message: str
     config: TrainConfig = field(default_factory=TrainConfig)
     stage2_samples: int = 0
+    monotonicity: Monotonicity = Monotonicity()
 
     @property
     def loss_kind(self) -> np.ndarray:
@@ -103,6 +160,7 @@ class Trajectory:
             "message": np.array(self.message),
             "config_json": np.array(json.dumps(asdict(self.config))),
             "stage2_samples": np.array(self.stage2_samples),
+            "monotonicity_json": np.array(json.dumps(self.monotonicity.to_json())),
         }
         atomic_savez(path, **self.arrays(), **extra)
 
@@ -122,6 +180,8 @@ class Trajectory:
                 arrays["loss_se"] = np.array(z["loss_se"]) if "loss_se" in z.files \
                     else np.full(arrays["loss"].shape, np.nan)
                 samples = int(z["stage2_samples"]) if "stage2_samples" in z.files else 0
+                mono = Monotonicity.from_json(json.loads(str(z["monotonicity_json"]))) \
+                    if "monotonicity_json" in z.files else Monotonicity()
                 cfg_dict = json.loads(str(z["config_json"]))
                 status, message = str(z["status"]), str(z["message"])
                 cfg = (MultiHeadTrainConfig if "init_seed" in cfg_dict else TrainConfig)(**cfg_dict)
@@ -132,7 +192,31 @@ class Trajectory:
         n = len(arrays["step"])
         if any(np.ndim(v) == 0 or len(v) != n for v in arrays.values()) or status not in ("completed", "diverged"):
             raise bad("inconsistent record lengths or status")
-        return cls(**arrays, status=status, message=message, config=cfg, stage2_samples=samples)
+        return cls(**arrays, status=status, message=message, config=cfg, stage2_samples=samples, monotonicity=mono)
+
+    def to_frame(self):
+        """The recorded scalars as a pandas DataFrame, one row per record.
+
+        Columns: ``step``, ``stage``, ``loss``, ``loss_se``, ``grad_norm``, ``cosine``, ``lr1``/``lr2``
+        (the natural-unit learning rate of the matrix the step's update moves, NaN for the other one;
+        joint: both), and the attention to
+        the parent ``attn_parent_<i>`` per row ``i`` (k heads: ``attn_parent_h<h>_<i>``), NaN for roots.
+        """
+        import pandas as pd
+
+        c = self.config
+        joint = c.schedule == "joint"
+        step = np.asarray(self.step)
+        cols = {"step": step, "stage": self.stage, "loss": self.loss, "loss_se": self.loss_se,
+                "grad_norm": self.grad_norm, "cosine": self.cosine,
+                "lr1": np.where(joint | (step < c.steps1), float(c.lr1), np.nan),
+                "lr2": np.where(joint | (step >= c.steps1), float(c.lr2), np.nan)}
+        ap = self.attn_parent
+        if ap.ndim == 2:
+            cols.update({f"attn_parent_{i}": ap[:, i] for i in range(ap.shape[1])})
+        else:
+            cols.update({f"attn_parent_h{h}_{i}": ap[:, h, i] for h in range(ap.shape[1]) for i in range(ap.shape[2])})
+        return pd.DataFrame(cols)
 
 
 def attention_to_parent(graph, A1) -> np.ndarray:

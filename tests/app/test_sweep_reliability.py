@@ -420,7 +420,7 @@ def test_short_divergent_run_is_diverged_and_not_all_passed(tmp_path, capsys):
     assert rc == 3, capsys.readouterr().err
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert report["trajectory"]["status"] == "diverged" and report["all_passed"] is False
-    assert "above the lowest loss" in report["trajectory"]["message"]
+    assert "above its value at the start" in report["trajectory"]["message"]
 
 
 def test_converging_short_run_is_completed(tmp_path, capsys):

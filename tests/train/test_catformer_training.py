@@ -138,7 +138,7 @@ def test_interrupted_run_resumes_bit_identically(two_parent_task, tmp_path, monk
         pg.train_catformer(two_parent_task, model, 20, **kw, checkpoint_path=ck, checkpoint_every=5)
     monkeypatch.setattr(cf_train, "catformer_loss_and_grad", real)
     with np.load(ck) as z:
-        assert json.loads(str(z["meta_json"]))["t"] == 10 and "mu_A_1" in z.files
+        assert json.loads(str(z["meta_json"]))["t"] == 10 and "opt.0.mu.A_1" in z.files
     resumed = pg.train_catformer(two_parent_task, model, 20, **kw, checkpoint_path=ck, resume=True)
     assert np.array_equal(full.step, resumed.step) and np.array_equal(full.loss, resumed.loss)
     assert all(np.array_equal(x, y) for x, y in zip(_leaves(full.final), _leaves(resumed.final)))
@@ -151,10 +151,10 @@ def test_damaged_checkpoint_is_refused(chain_task, tmp_path):
     ck = tmp_path / "c.npz"
     pg.train_catformer(chain_task, model, 4, optimizer="adam", lr=1e-2, checkpoint_path=ck, checkpoint_every=2)
     with np.load(ck) as z:
-        arrays = {k: z[k] for k in z.files if k != "nu_W"}
+        arrays = {k: z[k] for k in z.files if k != "opt.0.nu.W"}
     with open(ck, "wb") as fh:
         np.savez(fh, **arrays)
-    with pytest.raises(CheckpointError, match="no array 'nu_W'"):
+    with pytest.raises(CheckpointError, match="no array 'opt.0.nu.W'"):
         pg.train_catformer(chain_task, model, 4, optimizer="adam", lr=1e-2, checkpoint_path=ck, resume=True)
 
 

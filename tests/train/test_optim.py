@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 
+from popgrad.train import optim as O
 from popgrad.train.optim import Optimizer, learning_rate
 
 RTOL = 1e-12
@@ -65,7 +66,7 @@ def test_adam_bias_correction_constant_gradient():
         before = p[0]
         p, state = opt.step(t, p, [g], state)
         np.testing.assert_allclose(before - p[0], opt.lr_at(t) * g / (np.abs(g) + 1e-8), rtol=1e-12)
-    assert state.count == 10
+    assert int(state["0"]["count"]) == 10 and int(state["1"]["count"]) == 10  # scale_by_adam, the schedule
 
 
 def test_adamw_decay_is_decoupled_and_adam_decay_coupled():
@@ -156,4 +157,95 @@ def test_equals_optax(name, lr, schedule, wd):
     got = _run(Optimizer(name, lr=lr, lr_schedule=schedule, steps=steps, weight_decay=wd), _params(3), steps, seed=7)
     for t, (rg, rw) in enumerate(zip(got, want)):
         for x, y in zip(rg, rw):
-            np.testing.assert_allclose(x, y, rtol=1e-12, atol=1e-14, err_msg=f"step {t}")
+            np.testing.assert_array_equal(x, y, err_msg=f"step {t}")  # 0.0 difference
+
+
+# ------------------------------------------------------------------ the transformations (optax's names)
+def _tx_run(tx, params, steps, seed):
+    """Step an optax-style transformation on a mapping of parameters: update, then apply_updates."""
+    rng = np.random.default_rng(seed)
+    p = {f"p{i}": x for i, x in enumerate(params)}
+    state = tx.init(p)
+    out = []
+    for t in range(steps):
+        g = dict(zip(p, _grad(list(p.values()), t, rng)))
+        u, state = tx.update(g, state, p)
+        p = O.apply_updates(p, u)
+        out.append([x.copy() for x in p.values()])
+    return out, state
+
+
+def _optax_tx(build, params, steps, seed):
+    jax = pytest.importorskip("jax")
+    optax = pytest.importorskip("optax")
+    import jax.numpy as jnp
+
+    with jax.enable_x64(True):
+        opt = build(optax)
+        p = {f"p{i}": jnp.asarray(x, dtype=jnp.float64) for i, x in enumerate(params)}
+        state = opt.init(p)
+        rng = np.random.default_rng(seed)
+        out = []
+        for t in range(steps):
+            g = dict(zip(p, [jnp.asarray(x) for x in _grad([np.asarray(q) for q in p.values()], t, rng)]))
+            u, state = opt.update(g, state, p)
+            p = optax.apply_updates(p, u)
+            out.append([np.asarray(q, dtype=np.float64) for q in p.values()])
+    return out
+
+
+@pytest.mark.parametrize("case", ["sgd", "adam", "adamw", "chain_decay_sgd", "chain_decay_adam", "schedule"])
+def test_transformations_equal_optax_bit_for_bit(case):
+    steps, lr, wd = 40, 2e-2, 1e-3
+
+    def build(lib):
+        sched = lib.cosine_decay_schedule(lr, steps)
+        return {
+            "sgd": lambda: lib.sgd(sched),
+            "adam": lambda: lib.adam(sched),
+            "adamw": lambda: lib.adamw(sched, weight_decay=wd),
+            "chain_decay_sgd": lambda: lib.chain(lib.add_decayed_weights(wd), lib.sgd(lr)),
+            "chain_decay_adam": lambda: lib.chain(lib.add_decayed_weights(wd), lib.scale_by_adam(),
+                                                  lib.scale_by_learning_rate(sched)),
+            "schedule": lambda: lib.chain(lib.scale_by_adam(b1=0.8, b2=0.99, eps=1e-6),
+                                          lib.scale_by_schedule(lambda c: -lr / (1.0 + c))),
+        }[case]()
+
+    want = _optax_tx(build, _params(5), steps, seed=2)
+    got, _ = _tx_run(build(O), _params(5), steps, seed=2)
+    for t, (rg, rw) in enumerate(zip(got, want)):
+        for x, y in zip(rg, rw):
+            np.testing.assert_array_equal(x, y, err_msg=f"{case}, step {t}")
+
+
+def test_string_form_is_its_transformation():
+    """Optimizer(name, ...) is the chain of the named pieces (coupled decay first for sgd/adam)."""
+    steps = 12
+    for name, tx in [("sgd", O.chain(O.add_decayed_weights(0.01), O.sgd(O.cosine_decay_schedule(0.3, steps)))),
+                     ("adam", O.chain(O.add_decayed_weights(0.01), O.adam(O.cosine_decay_schedule(0.3, steps)))),
+                     ("adamw", O.adamw(O.cosine_decay_schedule(0.3, steps), weight_decay=0.01))]:
+        a, _ = _tx_run(Optimizer(name, lr=0.3, steps=steps, weight_decay=0.01), _params(1), steps, seed=4)
+        b, _ = _tx_run(tx, _params(1), steps, seed=4)
+        assert all(np.array_equal(x, y) for ra, rb in zip(a, b) for x, y in zip(ra, rb)), name
+
+
+def test_schedules_are_functions_of_the_step():
+    s = O.cosine_decay_schedule(2.0, 8)
+    assert [s(t) for t in (0, 4, 8, 20)] == [2.0, pytest.approx(1.0, rel=1e-15), 0.0, 0.0]
+    assert O.constant_schedule(0.5)(123) == 0.5
+    assert Optimizer("sgd", lr=2.0, steps=8).learning_rate(4) == s(4)
+
+
+def test_state_is_a_flat_mapping_of_arrays():
+    tx = O.adamw(0.1, weight_decay=0.1)
+    st = tx.init({"A_1": np.zeros((2, 2)), "W": np.zeros(3)})
+    flat = O.flatten_state(st)
+    assert set(flat) == {"0.count", "0.mu.A_1", "0.mu.W", "0.nu.A_1", "0.nu.W", "2.count"}
+    back = O.unflatten_state(flat, st)
+    assert O.flatten_state(back).keys() == flat.keys()
+    with pytest.raises(ValueError, match="without '.'"):
+        O.flatten_state({"a.b": np.zeros(1)})
+    with pytest.raises(ValueError, match="needs params"):
+        O.add_decayed_weights(0.1).update({"W": np.ones(1)}, {}, None)
+    with pytest.raises(TypeError, match="init and update"):
+        O.chain(O.sgd(0.1), "adam")

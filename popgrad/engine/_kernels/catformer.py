@@ -44,6 +44,8 @@ block's slot is its exact partial gradient.
 import numpy as np
 from numba import njit, prange
 
+from .twins import twins
+
 
 #: Index type of the hot loops: numba wraps negative *signed* indices (a compare-and-add per access, which
 #: also keeps LLVM from vectorizing); unsigned indices skip that, so every offset below is a uint64.
@@ -584,3 +586,65 @@ def sum_slots(loss_out, gr_out):
         gr_out[0] += gr_out[b]
     loss_out[0] = loss
     return loss
+
+
+# ====================================================================== explicit rows (sampled, weight tables)
+@njit(cache=True, error_model="numpy")
+def _rows_block(lo, hi, seqs, w, z, hinfo, prm, eps, softmax_readout, want_grad, gr):
+    """Rows ``lo … hi-1`` of ``seqs`` with weights ``w``: their loss; adds their gradient into ``gr``.
+
+    The rows are walked as the paths of a trie: a row that shares its first ``p`` tokens with the
+    previous one reuses that row's forward rows ``0 … p-1`` (rows ``≥ p`` of the previous path are
+    back-propagated first, a node always after all its children), so sorted rows cost what the
+    trie of their prefixes costs. A row whose weights are all zero contributes nothing and is skipped.
+    """
+    T, S = z[0], z[1]
+    dw = z[3]
+    owv = int(_offsets(z)[13])
+    size = _offsets(z)[14]
+    F = np.zeros(int(size))
+    s = np.zeros(T, dtype=np.int64)
+    for t in range(T):  # x̃_t: the position one-hot is fixed
+        F[t * dw + S + t] = 1.0
+    loss = 0.0
+    depth = 0  # positions 0 … depth-1 of s hold a path whose rows are computed (and not yet back-propagated)
+    for r in range(lo, hi):
+        alive = False
+        for c in range(S):
+            if w[r, c] != 0.0:
+                alive = True
+        if not alive:
+            continue
+        p = 0
+        while p < depth and p < T - 1 and seqs[r, p] == s[p]:
+            p += 1
+        for t in range(depth - 1, p - 1, -1):  # leave the previous path down to the shared prefix
+            if want_grad and t < T - 1:  # row T-1 was back-propagated right after its leaf
+                _node_backward(t, z, s, hinfo, prm, F, gr)
+            F[t * dw + s[t]] = 0.0
+        for t in range(p, T):
+            s[t] = seqs[r, t]
+            F[t * dw + s[t]] = 1.0
+            _node_forward(t, z, s, hinfo, prm, F)
+        depth = T
+        for c in range(S):
+            F[owv + c] = w[r, c]
+        loss += _leaf(z, s, hinfo, prm, F, gr, eps, softmax_readout, want_grad)
+        if want_grad:
+            _node_backward(T - 1, z, s, hinfo, prm, F, gr)
+    if want_grad:
+        for t in range(min(depth, T - 1) - 1, -1, -1):
+            _node_backward(t, z, s, hinfo, prm, F, gr)
+    return loss
+
+
+def _run_rows_body(seqs, w, rows_per_block, z, hinfo, prm, eps, softmax_readout, want_grad, loss_out, gr_out):
+    """Block ``b`` = rows ``b·rows_per_block …`` into slot ``b`` (``loss_out[b]``, ``gr_out[b] = [dA | dW]``)."""
+    n = seqs.shape[0]
+    for b in prange(loss_out.shape[0]):
+        lo = b * rows_per_block
+        hi = min(n, lo + rows_per_block)
+        loss_out[b] = _rows_block(lo, hi, seqs, w, z, hinfo, prm, eps, softmax_readout, want_grad, gr_out[b])
+
+
+run_rows, run_rows_serial = twins(_run_rows_body)
