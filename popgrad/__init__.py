@@ -22,6 +22,9 @@ del _guard
 from .task import (
     DEFAULT_MAX_SEQUENCES,
     CausalGraph,
+    DirichletPrior,
+    DirichletTensorPrior,
+    official_random_tree,
     FinitePrior,
     MultiParentGraph,
     MultiParentTask,
@@ -52,6 +55,8 @@ from .engine import (
     Stage1Field,
     bayes_loss,
     bayes_loss_multi,
+    official_bayes_loss,
+    official_bayes_predict,
     clear_caches,
     construction_loss,
     construction_loss_multi,
@@ -112,6 +117,11 @@ def sweep(spec, client=None, out="sweep_out", **kwargs):
 _compat.install()
 
 __all__ = [
+    "DirichletPrior",
+    "DirichletTensorPrior",
+    "official_bayes_loss",
+    "official_bayes_predict",
+    "official_random_tree",
     "CausalGraph",
     "Tree",
     "chain",

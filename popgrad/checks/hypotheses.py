@@ -138,8 +138,10 @@ def measure_hypotheses(task, gamma_min: float = GAMMA_MIN) -> Hypotheses:
     S = task.S
     dg = task.prior.diagnostics()
     rf = float(task.graph.root_fraction)
-    items = {"gamma": Hypothesis("gamma", bool(dg.gamma >= gamma_min), float(dg.gamma), f">= {gamma_min:g}",
-                                 _KNOWL["gamma"])}
+    need = f">= {gamma_min:g}"
+    if getattr(task.prior, "continuous", False):  # Dirichlet rows reach π(b|a) = 0: no γ > 0 (DESIGN §20)
+        need += f" (the continuous prior {task.prior!r} has no gamma > 0)"
+    items = {"gamma": Hypothesis("gamma", bool(dg.gamma >= gamma_min), float(dg.gamma), need, _KNOWL["gamma"])}
     if not isinstance(task, MultiParentTask):
         items["nondegenerate"] = Hypothesis(
             "nondegenerate", bool(dg.nondegeneracy >= gamma_min**2 / S), float(dg.nondegeneracy),

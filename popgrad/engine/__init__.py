@@ -39,6 +39,8 @@ from .baselines import (
     count_estimator_loss,
     count_estimator_loss_multi,
     count_estimator_predict,
+    official_bayes_loss,
+    official_bayes_predict,
     optimal_loss,
     optimal_loss_multi,
 )
@@ -59,5 +61,5 @@ __all__ = [
     "construction_loss", "optimal_loss_multi", "bayes_loss_multi", "count_estimator_loss_multi",
     "construction_loss_multi",
     "GradientNoise", "gradient_noise", "gradient_noise_numpy", "flatten_grad",
-    "stage1_row_noise",
+    "stage1_row_noise", "official_bayes_loss", "official_bayes_predict",
 ]

@@ -44,7 +44,7 @@ __all__ = [
     "optimal_loss", "bayes_loss", "count_estimator_predict", "count_estimator_loss", "construction_params",
     "construction_loss",
     "optimal_loss_multi", "bayes_loss_multi", "count_estimator_loss_multi", "construction_loss_multi",
-    "count_estimator_predict_multi",
+    "count_estimator_predict_multi", "official_bayes_predict", "official_bayes_loss",
 ]
 
 
@@ -69,6 +69,13 @@ def optimal_loss(task, eps=0.0) -> float:
     """
     check_task(task)
     eps = as_eps(task, eps)
+    if task.continuous:  # every row Dirichlet(α1): E[Σ_b π_b log π_b] = ψ(α+1) - ψ(Sα+1), whatever the row
+        if eps != 0:
+            raise ValueError("optimal_loss: eps > 0 has no closed form under a continuous prior; use eps=0")
+        from scipy.special import digamma
+
+        a = task.prior.alpha
+        return float(digamma(task.S * a + 1.0) - digamma(a + 1.0))
     if isinstance(task, MultiParentTask):
         return _optimal_loss_multi(task, eps)
     atoms, weights, _ = task.prior.invariant_view()  # invariant under relabeling: base draws suffice
@@ -282,6 +289,67 @@ def _count_estimator_predict_multi(graph, seqs, S, model_limit=False) -> np.ndar
     empty = den == 0
     f[empty] = f_limit[empty]
     return f
+
+
+def official_bayes_predict(graph, seqs, S, alpha, root_quirk=False) -> np.ndarray:
+    """The official ``bayes`` estimator (``problems.py``): in-context counts plus ``α``, normalised.
+
+    ``f̂_c(s) = (n[q, c] + α) / (n[q, ·] + Sα)`` with ``n[q, c]`` the edges ``j → i`` of the context whose
+    parent tokens equal the query's (``s_{T-1}`` for a single parent, ``s_tp`` for ``k`` parents) and whose
+    child token is ``c``; roots are not counted (``InContextDAG.bayes``). Under
+    :class:`popgrad.DirichletPrior` with uniform roots (and :class:`popgrad.DirichletTensorPrior`) this *is*
+    the exact posterior predictive (conjugacy), so its loss equals :func:`bayes_loss`.
+
+    ``root_quirk=True`` (single parent) reproduces ``InContextTree.bayes`` as written: ``seq[dag]`` with
+    ``dag[i] = -1`` reads position ``T-2`` (Python's wrap-around of ``-1`` on the context), so every
+    non-query root ``i`` counts as a child of position ``T-2`` whenever ``s_{T-2} = s_{T-1}``.
+
+    Returns ``(n, S)`` float64.
+    """
+    seqs = np.asarray(seqs, dtype=np.int64)
+    n = seqs.shape[0]
+    counts = np.zeros((n, S))
+    rows = np.arange(n)
+    if isinstance(graph, MultiParentGraph):
+        par, tp = graph.parents, graph.target_parents
+        key = seqs[:, tp]
+        for i in range(graph.T):
+            if par[i, 0] >= 0 and len(par[i]) == len(tp):
+                hit = np.all(seqs[:, par[i]] == key, axis=1)
+                counts[rows, seqs[:, i]] += hit
+    else:
+        par = graph.parents
+        T = graph.T
+        q = seqs[:, T - 1]
+        for i in range(T - 1):
+            if par[i] >= 0:
+                counts[rows, seqs[:, i]] += seqs[:, par[i]] == q
+            elif root_quirk:
+                counts[rows, seqs[:, i]] += seqs[:, T - 2] == q
+    counts += float(alpha)
+    return counts / counts.sum(axis=1, keepdims=True)
+
+
+def official_bayes_loss(task, eps=0.0, alpha=None) -> float:
+    """``L_official_bayes = -Σ_s Σ_c w(s, c) log(f̂_c(s) + ε)`` of :func:`official_bayes_predict` (edges only).
+
+    ``alpha``: the estimator's pseudo-count; default the prior's ``alpha`` (a continuous prior), required for
+    a finite prior. Equal to :func:`bayes_loss` under uniform roots (conjugacy); under stationary roots the
+    exact Bayes loss is lower (the roots carry information about ``π`` through ``μ_π``).
+    """
+    check_task(task)
+    eps = as_eps(task, eps)
+    if alpha is None:
+        if not task.continuous:
+            raise ValueError("official_bayes_loss: give alpha= (the estimator's pseudo-count) for a finite prior")
+        alpha = task.prior.alpha
+    alpha = as_real(alpha, "alpha", minimum=0, strict=True)
+    task.check_size()
+    total = 0.0
+    for seqs, w in task.enumerate(chunk_size=2**16):
+        f = official_bayes_predict(task.graph, seqs, task.S, alpha)
+        total -= float(np.sum(w * np.log(f + eps)))
+    return total
 
 
 def count_estimator_loss(task, eps=None, model_limit=False, symmetry="auto") -> float:

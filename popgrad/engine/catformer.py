@@ -40,6 +40,7 @@ from ..task.tasks import MultiParentTask
 from ._args import check_task, options_or_default
 from ._kernels import catformer as _kc
 from ._kernels.twins import use_parallel
+from . import table as _table
 
 __all__ = ["CatFormerLossAndGrad", "catformer_loss_and_grad", "catformer_loss", "catformer_loss_and_grad_numpy",
            "catformer_rows_loss_and_grad", "catformer_rows_loss_and_grad_numpy"]
@@ -121,6 +122,11 @@ def catformer_loss(task, model, params, eps=None, client=None, options=None) -> 
 
 def _dispatch(task, model, params, eps, want_grad, client, opts) -> CatFormerLossAndGrad:
     task.check_size()
+    if _table.use_table(task, per_atom=True) and (client is None or task.continuous):  # the one rule (DESIGN §20)
+        if client is not None:
+            raise ValueError("client=: the weight-table path of a continuous prior runs in this process; "
+                             "call without client")
+        return _table_dispatch(task, model, params, eps, want_grad, opts)
     job = make_job(task, model, params, eps, want_grad, opts)
     if client is not None:  # the same blocks over the client's workers (imports no Dask itself)
         from . import distributed as _distributed
@@ -130,6 +136,33 @@ def _dispatch(task, model, params, eps, want_grad, client, opts) -> CatFormerLos
     else:
         loss_s, gr_s, _ = run_chunk(task, job, 0, job.n_blocks)
     return finish_slots(model, job, loss_s, gr_s)
+
+
+def _table_dispatch(task, model, params, eps, want_grad, opts) -> CatFormerLossAndGrad:
+    """The population sum over the task's weight table (DESIGN §20): the rows kernel of
+    :func:`catformer_rows_loss_and_grad` on every sequence in enumeration order (already sorted by tokens,
+    so the same blocks and bits as that function on ``(all sequences, weight_table)``), chunked in whole
+    blocks when the table is not kept."""
+    job = make_job(None, model, params, eps, want_grad, opts)
+    per = int(opts.catformer_rows_per_block)
+    N = task.n_sequences
+    n_blocks = max(1, -(-N // per))
+    loss_s = np.zeros(n_blocks)
+    gr_s = np.zeros((n_blocks, job.n_A + job.w_shape[0] * job.w_shape[1]))
+    step = N if task.table_cached else per * max(1, _table_chunk_blocks(per))
+    for lo in range(0, N, step):
+        hi = min(N, lo + step)
+        seqs, w = _table.table_rows(task, lo, hi)
+        b0, b1 = lo // per, -(-hi // per)
+        kernel = _kc.run_rows if use_parallel(b1 - b0, hi - lo, opts) else _kc.run_rows_serial
+        kernel(seqs, w, per, job.sizes, job.hinfo, job.prm, job.eps, job.softmax_readout, bool(want_grad),
+               loss_s[b0:b1], gr_s[b0:b1])
+    return finish_blocks_of(model, job, loss_s, gr_s)
+
+
+def _table_chunk_blocks(per) -> int:
+    """Blocks per streamed chunk of an uncached table (about 2**18 sequences)."""
+    return max(1, 2**18 // per)
 
 
 # ====================================================================== explicit rows

@@ -137,7 +137,12 @@ class Stage1Field(NamedTuple):
 
 # ================================================================ validation
 def _check_task(task):
-    return check_task(task, Task, "the Stage-1 field (defined for single-parent graphs: one first-layer head)")
+    task = check_task(task, Task, "the Stage-1 field (defined for single-parent graphs: one first-layer head)")
+    if task.continuous:  # the field is a sum over atoms (DESIGN §12): refuse in one line (DESIGN §20)
+        raise ValueError(f"the Stage-1 field sums over the prior's atoms, but {task.prior!r} is continuous: use a "
+                         "finite stand-in, e.g. Task(graph, popgrad.dirichlet_prior(S, alpha, n_atoms, seed)) "
+                         "(its field differs from the continuous prior's by the Monte-Carlo error of n_atoms draws)")
+    return task
 
 
 def _check_eps(task_or_teff, eps) -> float:

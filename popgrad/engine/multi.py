@@ -54,6 +54,8 @@ from .._validation import warn_inf
 from ..model.multihead import head_attention
 from ._kernels import multi as _km
 from ._kernels import ranges as _kr
+from ._kernels import table as _kt
+from . import table as _table
 from .blocks import BlockJob, Partials
 from .result import LossAndGrad, finish
 
@@ -83,11 +85,14 @@ def blocks(task, A1, A2, eps, want_grad, opts) -> BlockJob:
     task.check_size()
     P = np.ascontiguousarray(head_attention(A1))
     A2 = np.ascontiguousarray(A2, dtype=np.float64)
-    return BlockJob("multi", False, P, A2, float(eps), bool(want_grad), opts)
+    kind = "multi-table" if _table.use_table(task, per_atom=True) else "multi"  # the one rule (DESIGN §20)
+    return BlockJob(kind, False, P, A2, float(eps), bool(want_grad), opts)
 
 
 def block_work(task, job) -> np.ndarray:
     """Relative cost of each block, ``(n_blocks,)`` int64: all equal."""
+    if job.engine == "multi-table":
+        return np.ones(_table.table_blocks(task, job.opts)[1], dtype=np.int64)
     return np.ones(task.S ** n_fixed(task.S, task.T, job.opts), dtype=np.int64)
 
 
@@ -97,6 +102,16 @@ def run_blocks(task, job, lo=0, hi=None) -> Partials:
     ``hi=None``: to the last block (``run_blocks(task, job)`` runs them all).
     """
     S, T, k = task.S, task.T, task.k
+    if job.engine == "multi-table":  # the weight table (DESIGN §20)
+        block_size, n_blocks = _table.table_blocks(task, job.opts)
+        hi = n_blocks if hi is None else hi
+        seqs, w = _table.table_rows(task, lo * block_size, min(task.n_sequences, hi * block_size))
+        n = hi - lo
+        loss_s = np.zeros(n)
+        G_s = np.zeros((n, k, T, T) if job.want_grad else (n, k, 1, 1))
+        dA2_s = np.zeros((n, k, S, S) if job.want_grad else (n, k, 1, 1))
+        _kt.loss_grad_multi_rows(seqs, w, job.P, job.A2, job.eps, block_size, job.want_grad, loss_s, G_s, dA2_s)
+        return Partials(loss_s, G_s, dA2_s)
     parents, tp, atoms, pk0 = task.kernel_arrays()
     D = n_fixed(S, T, job.opts)
     n_blocks = S**D

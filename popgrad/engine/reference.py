@@ -136,6 +136,8 @@ def _sequences(start, stop, S, T) -> np.ndarray:
 
 def _weights(task, seqs) -> np.ndarray:
     """``w(s, c) = Σ_k ρ_k (1/S) Π_{roots i<T-1} μ_k(s_i) Π_{non-roots} π_k(s_i | s_{p(i)}) · π_k(c | s_{T-1})`` (DESIGN §2)."""
+    if task.continuous:  # no atoms: the sufficient-statistic weights of the task's table (DESIGN §20)
+        return task._continuous_rows(seqs)[0]
     pr = task.prior
     parents = task.graph.parents
     T = seqs.shape[1]
@@ -151,6 +153,8 @@ def _weights(task, seqs) -> np.ndarray:
 
 def _weights_multi(task, seqs) -> np.ndarray:
     """k-parent ``w(s, c)``: roots uniform, non-root ``i`` from row ``Σ_h s_{p_h(i)} S^{k-1-h}`` of the atom, the target from the query's parents."""
+    if task.continuous:  # no atoms: the sufficient-statistic weights of the task's table (DESIGN §20)
+        return task._continuous_rows(seqs)[0]
     S, T, k = task.S, task.T, task.k
     parents = np.asarray(task.graph.parents)
     tp = np.asarray(task.graph.target_parents)

@@ -174,7 +174,7 @@ def default_samples(task: Task, A1, A2, eps=None, se_target: float = DEFAULT_SE_
 def _listed_atoms(task: Task):
     """``(parents, mu, atoms, weights)`` of every atom when they can be listed, else ``None``."""
     prior = task.prior
-    if prior.K > MAX_CLOSURE_ATOMS:
+    if task.continuous or prior.K > MAX_CLOSURE_ATOMS:
         return None
     return task.kernel_arrays()
 
@@ -195,7 +195,12 @@ def sampled_reference_losses(objective: SampledObjective, A1, A2) -> dict:
     out = {"L_model": estimate(model).to_dict(), "L_count": estimate(count).to_dict(),
            "model_minus_count": estimate(model - count).to_dict()}
     listed = _listed_atoms(task)
-    if listed is not None and listed[2].shape[0] * objective.n <= BAYES_MAX_WORK:
+    if task.continuous:  # the exact posterior predictive from the sufficient statistics (DESIGN §20)
+        w = task._continuous_rows(np.ascontiguousarray(seqs))[0]
+        bayes = _cross_entropy(y, w / w.sum(axis=1, keepdims=True), eps)
+        out["L_bayes_eps"] = estimate(bayes).to_dict()
+        out["model_minus_bayes_eps"] = estimate(model - bayes).to_dict()
+    elif listed is not None and listed[2].shape[0] * objective.n <= BAYES_MAX_WORK:
         parents, mu, atoms, prior_w = listed
         w = np.empty((objective.n, task.S))
         _weights.rows_weights(np.ascontiguousarray(seqs), parents, mu, atoms, prior_w, w)

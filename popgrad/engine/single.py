@@ -103,6 +103,7 @@ from ._kernels import prefix as _kp
 from ._kernels import ranges as _kr
 from ._kernels import single as _k
 from ._kernels.numeric import LANES
+from . import table as _table
 from .blocks import BlockJob, Partials
 from .options import DEFAULT_OPTIONS, ENGINES
 from .result import LossAndGrad
@@ -164,12 +165,66 @@ def loss_grad(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> LossAndGr
 def blocks(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> BlockJob:
     """The call's decisions (:func:`decide`), on validated input."""
     task.check_size()
+    if _table.use_table(task, per_atom=False):  # a continuous prior: the weight table (DESIGN §20)
+        return _table_job(task, A1, A2, eps, want_grad, engine, symmetry, opts)
     sym, A2, P, engine = decide(task, A1, A2, symmetry, engine, opts)
     return _new_job((engine, sym, P, A2, float(eps), bool(want_grad), opts))
 
 
+def _table_job(task, A1, A2, eps, want_grad, engine, symmetry, opts) -> BlockJob:
+    """The table path's job: no orbit reduction, the direct engine's arithmetic on the table's rows."""
+    if engine != "auto":
+        raise ValueError(f"engine={engine!r} carries the prior's atoms, but {task.prior!r} has none: use "
+                         "engine='auto' (the weight table)")
+    if symmetry == "on":
+        raise ValueError("symmetry='on': the weight-table path has no orbit reduction; use symmetry='auto' or 'off'")
+    T = task.T
+    P = np.empty((T, T))
+    _k.attention(np.ascontiguousarray(A1, dtype=np.float64), P)
+    A2 = np.ascontiguousarray(A2, dtype=np.float64)
+    # the prefix engine reading its leaf weights from the table, when A2's range allows it; else the rows path
+    kind = "table-prefix" if task.table_cached and _k.row_range(A2) <= opts.a2_range_limit else "table"
+    return _new_job((kind, False, P, A2, float(eps), bool(want_grad), opts))
+
+
+#: ``(task.fingerprint, options.plan_key()) -> (plan, Wc)``: the prefix plan of a continuous-prior task (built on
+#: a one-atom stand-in with the same graph: structure only) and its leaf weights read from the weight table.
+_TABLE_PLANS = OrderedDict()
+
+
+def _table_prefix_plan(task, opts):
+    """``(plan, Wc)`` of the table-fed prefix engine (DESIGN §20): ``Wc[p, q·S + c, g] = w(s, c)`` for the
+    sequence with prefix ``p`` (positions ``0 … Lh-1``), leaf group ``g`` (positions ``Lh … T-2``) and query ``q``;
+    the kernel runs with ``wmode = 2`` (cached weights), so the stand-in's atom products are never read."""
+    key = (task.fingerprint, opts.plan_key())
+    hit = _TABLE_PLANS.get(key)
+    if hit is not None:
+        return hit
+    from ..task.priors import FinitePrior
+    from ..task.tasks import Task
+
+    S, T = task.S, task.T
+    stand_in = Task(task.graph, FinitePrior(np.full((S, S), 1.0 / S)), max_sequences=task.max_sequences)
+    plan = _build_prefix_plan(stand_in, False, opts)
+    h = plan.dig.shape[0]
+    Lh = T - 1 - h
+    w = task.weight_table()
+    Wc = np.zeros((S**Lh, S * S, plan.n_groups))
+    Wc[:, :, :S**h] = w.reshape(S**Lh, S**h, S, S).transpose(0, 2, 3, 1).reshape(S**Lh, S * S, S**h)
+    assert plan.n_batch == S**Lh
+    with _LOCK:
+        _TABLE_PLANS[key] = (plan, Wc)
+        while len(_TABLE_PLANS) > 2:
+            _TABLE_PLANS.popitem(last=False)
+    return plan, Wc
+
+
 def block_work(task, job) -> np.ndarray:
-    """Relative cost of each block, ``(n_blocks,)`` int64: batch nodes (prefix engine) or 1 (direct)."""
+    """Relative cost of each block, ``(n_blocks,)`` int64: batch nodes (prefix engine) or 1 (direct, table)."""
+    if job.engine == "table":
+        return np.ones(_table.table_blocks(task, job.opts)[1], dtype=np.int64)
+    if job.engine == "table-prefix":
+        return _table_prefix_plan(task, job.opts)[0].work
     if job.engine == "prefix":
         return _prefix_plan(task, job.sym, job.opts).work
     return np.ones(direct_blocks(task.S, task.T, job.opts)[1], dtype=np.int64)
@@ -186,8 +241,11 @@ def run_blocks(task, job, lo=0, hi=None) -> Partials:
     """
     S, T = task.S, task.T
     opts = job.opts
-    if job.engine == "prefix":
-        plan = _prefix_plan(task, job.sym, opts)
+    if job.engine in ("prefix", "table-prefix"):
+        if job.engine == "prefix":
+            plan, Wtab = _prefix_plan(task, job.sym, opts), None
+        else:  # the weight table as the leaf-weight cache (DESIGN §20)
+            plan, Wtab = _table_prefix_plan(task, opts)
         n_blocks = plan.prefixes.shape[0]
         hi = n_blocks if hi is None else hi
         n = hi - lo
@@ -205,7 +263,10 @@ def run_blocks(task, job, lo=0, hi=None) -> Partials:
         loss_s, G_s, dA2_s = _slots(n, T, S)
         nbytes = n_batch * S * S * plan.n_groups * 8
         Wc = plan.wcache.get((lo, hi))  # atomic; filling and evicting take the lock
-        if Wc is not None:
+        if Wtab is not None:
+            first = int(plan.bstart[lo]) if lo < n_blocks else 0
+            Wc, wmode = Wtab[first:first + n_batch], 2
+        elif Wc is not None:
             wmode = 2
         elif nbytes <= opts.weight_cache_bytes:
             with _LOCK:
@@ -221,6 +282,13 @@ def run_blocks(task, job, lo=0, hi=None) -> Partials:
             with _LOCK:
                 plan.wcache[(lo, hi)] = Wc
                 _STATS["weight_builds"] += 1
+    elif job.engine == "table":  # the weight table (DESIGN §20): the direct arithmetic on given rows
+        block_size, n_blocks = _table.table_blocks(task, opts)
+        hi = n_blocks if hi is None else hi
+        seqs, w = _table.table_rows(task, lo * block_size, min(task.n_sequences, hi * block_size))
+        loss_s, G_s, dA2_s = _slots(hi - lo, T, S)
+        _k.loss_grad_rows(seqs, w, job.P, job.A2, job.eps, block_size, 1 if job.want_grad else 0,
+                          loss_s, G_s, dA2_s)
     elif job.engine == "direct":
         parents, mu, atoms, prior_w = task.kernel_arrays()
         block_size, n_blocks = direct_blocks(S, T, opts)
@@ -550,3 +618,4 @@ def clear_plans() -> None:
     """Forget every cached prefix plan and leaf-weight cache (the next call on a task rebuilds them)."""
     with _LOCK:
         _PLANS.clear()
+        _TABLE_PLANS.clear()

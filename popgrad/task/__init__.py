@@ -4,13 +4,16 @@
 * :mod:`.multigraphs` -- k-parent graphs (:class:`MultiParentGraph`, ``ngram``, ``two_parent``, ...);
 * :mod:`.priors` -- finite priors over transition matrices (:class:`FinitePrior`, ``dirichlet_prior``),
   stationary distributions, the relabeling closure;
+* :mod:`.dirichlet` -- the official continuous priors (:class:`DirichletPrior`, :class:`DirichletTensorPrior`)
+  and their exact weights from sufficient statistics (DESIGN §20);
 * :mod:`.tensor_priors` -- finite priors over transition tensors (:class:`TensorPrior`);
 * :mod:`.tasks` -- :class:`Task` and :class:`MultiParentTask` (shared :class:`ExactTask`): exact sequence
   weights, the size guard, the sequence decoder, the sampler, the task fingerprint, :func:`check_task`
   (the one task validator);
 * :mod:`._weights` -- the numba kernels of the exact weights and the one sequence decoder.
 """
-from .graphs import CausalGraph, Tree, chain, icl_pairs, random_tree
+from .dirichlet import DirichletPrior, DirichletTensorPrior, WeightAccuracy
+from .graphs import CausalGraph, Tree, chain, icl_pairs, official_random_tree, random_tree
 from .multigraphs import MultiParentGraph, ngram, random_multi_parent, two_parent
 from .priors import (
     FinitePrior,
@@ -36,7 +39,8 @@ from .tasks import (
 )
 
 __all__ = [
-    "CausalGraph", "Tree", "chain", "icl_pairs", "random_tree",
+    "CausalGraph", "Tree", "chain", "icl_pairs", "random_tree", "official_random_tree",
+    "DirichletPrior", "DirichletTensorPrior", "WeightAccuracy",
     "MultiParentGraph", "ngram", "two_parent", "random_multi_parent",
     "FinitePrior", "PriorDiagnostics", "dirichlet_prior", "relabel", "relabel_closure", "stationary_distribution",
     "TensorPrior", "TensorPriorDiagnostics", "dirichlet_tensor_prior", "relabel_tensor",

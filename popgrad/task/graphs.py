@@ -327,3 +327,21 @@ def random_tree(T: int, seed: int, root_prob: float = 0.1) -> CausalGraph:
         if rng.random() >= root_prob:
             parents[i] = rng.integers(0, i)
     return CausalGraph(parents)
+
+
+def official_random_tree(T: int, seed: int) -> CausalGraph:
+    """The official Figure 2 "random" graph (``single_parent.py``, ``dag="random"``).
+
+    Each position ``i = 0 … T-2`` draws its parent uniformly from ``{none, 0, …, i-1}``
+    (a root with probability ``1/(i+1)``; position 0 is always a root); the query ``T-1``
+    is a root. The distribution of the official ``randint(minval=-1, maxval=arange(T-1))``;
+    deterministic given ``seed`` (``numpy.random.default_rng``, not JAX's stream).
+    (Figure 9's generator, ``many_graphs.ipynb``'s ``get_random_DAG(p=0.5)``, is
+    :func:`random_tree` with ``root_prob=0.5``.)
+    """
+    T = _check_T(T)
+    rng = np.random.default_rng(seed)
+    parents = np.full(T, -1, dtype=np.int64)
+    for i in range(1, T - 1):
+        parents[i] = rng.integers(-1, i)
+    return CausalGraph(parents)

@@ -31,6 +31,8 @@ from .._validation import ArgumentTypeError, as_int
 from . import _weights
 from .graphs import CausalGraph
 from .multigraphs import MultiParentGraph
+from . import dirichlet as _dirichlet
+from .dirichlet import DirichletPrior, DirichletTensorPrior, WeightAccuracy, is_continuous
 from .priors import MAX_CLOSURE_ATOMS, FinitePrior
 from .tensor_priors import TensorPrior
 
@@ -44,6 +46,11 @@ __all__ = [
 DEFAULT_MAX_SEQUENCES = 2**25
 #: Nominal throughput used to estimate enumeration time in error messages.
 _NOMINAL_SEQ_PER_S = 1e7
+#: Largest weight table (with its sequences) a task keeps in memory; past it the table is recomputed in
+#: chunks of ``TABLE_CHUNK`` sequences whenever it is read.
+TABLE_BUDGET_BYTES = 512 * 2**20
+#: Sequences per chunk when a table is computed (or streamed past the budget).
+TABLE_CHUNK = 2**16
 
 
 class TaskTooLargeError(ValueError):
@@ -77,7 +84,7 @@ class ExactTask:
     of a block of sequences), :meth:`sample` and :meth:`summary`.
     """
 
-    __slots__ = ("_graph", "_prior", "_max_sequences", "_fingerprint")
+    __slots__ = ("_graph", "_prior", "_max_sequences", "_fingerprint", "_table", "_accuracy")
     #: Extra "way out" named by the size-guard error.
     _size_guard_hint = ""
 
@@ -87,6 +94,8 @@ class ExactTask:
         self._prior = prior
         self._max_sequences = int(max_sequences)
         self._fingerprint = None
+        self._table = None
+        self._accuracy = None
 
     # ------------------------------------------------------------ properties
     @property
@@ -143,14 +152,22 @@ class ExactTask:
 
     # ----------------------------------------------------------- enumeration
     @property
+    def continuous(self) -> bool:
+        """True when the prior is continuous (:class:`popgrad.DirichletPrior`, :class:`popgrad.DirichletTensorPrior`):
+        no atoms, the engines read :meth:`weight_table`."""
+        return is_continuous(self._prior)
+
+    @property
     def enumerable(self) -> bool:
         """Whether exact enumeration is possible: ``S**T`` within the limit and the prior's atoms listable
         (an implicit relabeling closure of more than ``MAX_CLOSURE_ATOMS`` atoms is not)."""
+        if self.continuous:
+            return self.n_sequences <= self._max_sequences
         return self.n_sequences <= self._max_sequences and self._prior.K <= MAX_CLOSURE_ATOMS
 
     def check_size(self) -> None:
         """Raise :class:`TaskTooLargeError` if ``S**T`` exceeds the limit or the prior's atoms cannot be listed."""
-        if self._prior.K > MAX_CLOSURE_ATOMS:
+        if not self.continuous and self._prior.K > MAX_CLOSURE_ATOMS:
             b = self._prior.base
             raise TaskTooLargeError(
                 f"exact enumeration needs every atom of the prior, but its {b.K} draws closed under all "
@@ -197,8 +214,13 @@ class ExactTask:
         """
         chunk_size = as_int(chunk_size, "chunk_size", minimum=1)
         self.check_size()
-        arrays = self.kernel_arrays()
         n_total, T, S = self.n_sequences, self.T, self.S
+        if self.continuous:  # from the weight table (computed once)
+            for start in range(0, n_total, int(chunk_size)):
+                stop = min(n_total, start + int(chunk_size))
+                yield decode_sequences(start, stop, S, T), self.weight_rows(start, stop)
+            return
+        arrays = self.kernel_arrays()
         for start in range(0, n_total, int(chunk_size)):
             n = min(int(chunk_size), n_total - start)
             seqs = np.empty((n, T), dtype=np.int64)
@@ -211,6 +233,90 @@ class ExactTask:
 
     def kernel_arrays(self):
         raise NotImplementedError
+
+    def _no_atoms(self, what="this computation"):
+        """The one-line refusal of a computation that needs the prior's atoms, for a continuous prior."""
+        return ValueError(
+            f"{what} needs the prior's atoms, but {self._prior!r} is continuous (a fresh pi per sequence): "
+            "use a computation that reads the task's weight table (the exact engines, the references, "
+            "task.enumerate) or a finite stand-in (popgrad.dirichlet_prior(S, alpha, n_atoms, seed))")
+
+    # ----------------------------------------------------------- the weight table (DESIGN §20)
+    def _table_rows(self, start, stop):
+        """``(w (n, S), WeightAccuracy)`` for sequences ``start … stop-1``, computed (never cached)."""
+        S, T = self.S, self.T
+        if self.continuous:
+            return self._continuous_rows(decode_sequences(start, stop, S, T))
+        seqs = np.empty((stop - start, T), dtype=np.int64)
+        w = np.empty((stop - start, S), dtype=np.float64)
+        self._fill_chunk(start, self.kernel_arrays(), seqs, w)
+        return w, WeightAccuracy(True, 0.0, "sum over the finite prior's atoms")
+
+    def _continuous_rows(self, seqs):
+        raise NotImplementedError
+
+    @property
+    def table_cached(self) -> bool:
+        """Whether :meth:`weight_table` fits in :data:`TABLE_BUDGET_BYTES` (then it is computed once and kept)."""
+        return self.n_sequences * (self.S + self.T) * 8 <= TABLE_BUDGET_BYTES
+
+    def weight_table(self) -> np.ndarray:
+        """``w[m, c] = w(s_m, c)`` for every sequence in enumeration order, ``(S**T, S)`` float64, read-only.
+
+        Computed once per task and kept (when it fits in :data:`TABLE_BUDGET_BYTES`; otherwise
+        ``ValueError``: read it in chunks with :meth:`weight_rows`). For a continuous prior the weights come
+        from the sufficient statistics (DESIGN §20; :attr:`weight_accuracy` says how exact they are); for a
+        finite prior they are the per-atom sums of DESIGN §2.
+        """
+        self.check_size()
+        if self._table is None:
+            if not self.table_cached:
+                raise ValueError(
+                    f"the weight table of S**T = {self.n_sequences:,} sequences needs more than "
+                    f"{TABLE_BUDGET_BYTES / 2**20:.0f} MB: read it in chunks with task.weight_rows(start, stop)")
+            n = self.n_sequences
+            w = np.empty((n, self.S))
+            acc = []
+            chunk = 2**20 if self.continuous else TABLE_CHUNK  # continuous: fewer repeated statistics
+            for start in range(0, n, chunk):
+                stop = min(n, start + chunk)
+                w[start:stop], a = self._table_rows(start, stop)
+                acc.append(a)
+            w.setflags(write=False)
+            self._accuracy = _merge_accuracy(acc)
+            self._table = w
+        return self._table
+
+    def weight_rows(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start … stop-1`` of :meth:`weight_table` (from the kept table, or computed past the budget)."""
+        if self.table_cached:
+            return self.weight_table()[start:stop]
+        w, a = self._table_rows(start, stop)
+        self._accuracy = a if self._accuracy is None else _merge_accuracy([self._accuracy, a])
+        return w
+
+    @property
+    def weight_accuracy(self) -> WeightAccuracy:
+        """How exact the weights are (:class:`popgrad.task.dirichlet.WeightAccuracy`): exact to rounding for a
+        finite prior and for uniform roots; a quadrature bound for stationary roots (computes the table)."""
+        if self._accuracy is None:
+            if not self.continuous:
+                return WeightAccuracy(True, 0.0, "sum over the finite prior's atoms")
+            if self._prior.roots == "uniform":
+                return WeightAccuracy(True, 0.0, "Dirichlet-multinomial closed form")
+            if self.table_cached:
+                self.weight_table()
+            else:
+                for start in range(0, self.n_sequences, TABLE_CHUNK):
+                    self.weight_rows(start, min(self.n_sequences, start + TABLE_CHUNK))
+        return self._accuracy
+
+    def _weights_summary(self) -> str:
+        if not self.continuous:
+            return ""
+        if not self.enumerable:
+            return "\n  weights: not computed (S**T beyond the enumeration limit)"
+        return "\n  " + self.weight_accuracy.summary()
 
     def all_sequences(self):
         """``(seqs, w)`` for every sequence in one pair of arrays (small tasks)."""
@@ -242,9 +348,12 @@ class Task(ExactTask):
     def __init__(self, graph: CausalGraph, prior: FinitePrior, max_sequences: int = DEFAULT_MAX_SEQUENCES):
         if not isinstance(graph, CausalGraph):
             raise ValueError(f"graph must be a popgrad.CausalGraph, got {type(graph).__name__}")
-        if not isinstance(prior, FinitePrior):
-            raise ValueError(f"prior must be a popgrad.FinitePrior, got {type(prior).__name__}")
+        if not isinstance(prior, (FinitePrior, DirichletPrior)):
+            raise ValueError(f"prior must be a popgrad.FinitePrior or popgrad.DirichletPrior, got {type(prior).__name__}")
         self._init_common(graph, prior, max_sequences)
+
+    def _continuous_rows(self, seqs):
+        return _dirichlet.weight_table_single(self._prior, self._graph.parents, seqs)
 
     def kernel_arrays(self):
         """Contiguous arrays the numba kernels take.
@@ -257,6 +366,8 @@ class Task(ExactTask):
         atoms : float64 (K, S, S)
         prior_w : float64 (K,)
         """
+        if self.continuous:
+            raise self._no_atoms("kernel_arrays (the per-atom weights)")
         atoms, weights = self._prior.expand()  # the enumeration needs every atom
         return (
             np.ascontiguousarray(self._graph.parents, dtype=np.int64),
@@ -282,6 +393,8 @@ class Task(ExactTask):
         prior = self._prior
         S, T = self.S, self.T
         parents = self._graph.parents
+        if self.continuous:
+            return self._sample_continuous(n, rng)
         if prior.implicit_closure and prior.K > MAX_CLOSURE_ATOMS:
             return self._sample_relabeled(n, rng)
         atoms, weights = prior.expand()
@@ -296,6 +409,27 @@ class Task(ExactTask):
         seqs[:, T - 1] = rng.integers(0, S, size=n)
         targets = atoms[k, seqs[:, T - 1]]
         return Sample(seqs, targets, k.astype(np.int64))
+
+    def _sample_continuous(self, n, rng) -> Sample:
+        """:meth:`sample` for a :class:`popgrad.DirichletPrior`: a fresh ``π`` per sequence (rows
+        ``Dirichlet(α1)``), non-query roots from ``μ_π`` (GTH) or uniform, the query uniform, the soft label
+        ``π(· | s_{T-1})``. ``atoms`` is ``-1`` (no atom)."""
+        S, T = self.S, self.T
+        parents = self._graph.parents
+        pis = self._prior.draw(n, rng)
+        rows = np.arange(n)
+        if self._prior.roots == "stationary":
+            mu_cdf = np.cumsum(_dirichlet._gth_batch(pis), axis=1)
+        else:
+            mu_cdf = np.broadcast_to(np.arange(1, S + 1) / S, (n, S))
+        pi_cdf = np.cumsum(pis, axis=2)
+        seqs = np.empty((n, T), dtype=np.int64)
+        for i in range(T - 1):
+            u = rng.random(n)[:, None]
+            cdf = mu_cdf if parents[i] < 0 else pi_cdf[rows, seqs[:, parents[i]]]
+            seqs[:, i] = np.minimum((u >= cdf).sum(axis=1), S - 1)
+        seqs[:, T - 1] = rng.integers(0, S, size=n)
+        return Sample(seqs, pis[rows, seqs[:, T - 1]], np.full(n, -1, dtype=np.int64))
 
     def _sample_relabeled(self, n, rng) -> Sample:
         """:meth:`sample` for an implicit relabeling closure too large to list (``K_base · S!`` atoms).
@@ -333,6 +467,7 @@ class Task(ExactTask):
         return (
             f"Task S={self.S} T={self.T} sequences S**T={self.n_sequences:,} "
             f"(limit {self._max_sequences:,})\n{self._graph.summary()}\n{self._prior.summary()}"
+            + self._weights_summary()
         )
 
 
@@ -443,8 +578,14 @@ class MultiParentTask(ExactTask):
             raise ValueError(f"graph must be a popgrad.MultiParentGraph, got {type(graph).__name__}")
         if isinstance(prior, FinitePrior):
             prior = TensorPrior.from_finite(prior)
-        if not isinstance(prior, TensorPrior):
-            raise ValueError(f"prior must be a popgrad.TensorPrior, got {type(prior).__name__}")
+        if isinstance(prior, DirichletPrior):
+            if prior.roots != "uniform":
+                raise ValueError("a MultiParentTask draws roots uniformly (InContextDAG): use "
+                                 "DirichletPrior(S, alpha, roots='uniform') or DirichletTensorPrior(S, k, alpha)")
+            prior = DirichletTensorPrior(prior.S, 1, prior.alpha)
+        if not isinstance(prior, (TensorPrior, DirichletTensorPrior)):
+            raise ValueError(f"prior must be a popgrad.TensorPrior or popgrad.DirichletTensorPrior, "
+                             f"got {type(prior).__name__}")
         if prior.k != graph.k:
             raise ValueError(
                 f"the prior's tensors have k = {prior.k} parents but the graph has k = {graph.k}: "
@@ -469,6 +610,8 @@ class MultiParentTask(ExactTask):
         pk0 : float64 (K,)
             ``weights · S^{-|R|}`` (the roots' uniform factors folded in).
         """
+        if self.continuous:
+            raise self._no_atoms("kernel_arrays (the per-atom weights)")
         n_roots = len(self._graph.roots)
         return (
             np.ascontiguousarray(self._graph.parents, dtype=np.int64),
@@ -476,6 +619,9 @@ class MultiParentTask(ExactTask):
             np.ascontiguousarray(self._prior.atoms, dtype=np.float64),
             np.ascontiguousarray(self._prior.weights * float(self.S) ** -n_roots, dtype=np.float64),
         )
+
+    def _continuous_rows(self, seqs):
+        return _dirichlet.weight_table_multi(self._prior, self._graph.parents, self._graph.target_parents, seqs)
 
     def _fill_chunk(self, start, arrays, seqs, w) -> None:
         parents, tp, atoms, pk0 = arrays
@@ -491,9 +637,15 @@ class MultiParentTask(ExactTask):
         rng = np.random.default_rng(seed)
         prior, S, T = self._prior, self.S, self.T
         parents = self._graph.parents
-        m = rng.choice(prior.K, size=n, p=prior.weights)
+        if self.continuous:  # a fresh π per sequence
+            tabs = prior.draw(n, rng)
+            m = np.arange(n)
+            cdf = np.cumsum(tabs, axis=2)
+        else:
+            tabs = prior.atoms
+            m = rng.choice(prior.K, size=n, p=prior.weights)
+            cdf = np.cumsum(prior.atoms, axis=2)
         seqs = np.empty((n, T), dtype=np.int64)
-        cdf = np.cumsum(prior.atoms, axis=2)
         for i in range(T):
             u = rng.random(n)[:, None]
             if parents[i, 0] < 0:
@@ -501,15 +653,22 @@ class MultiParentTask(ExactTask):
             else:
                 rows = parent_rows(seqs, parents[i], S)
                 seqs[:, i] = np.minimum((u >= cdf[m, rows]).sum(axis=1), S - 1)
-        targets = prior.atoms[m, parent_rows(seqs, self._graph.target_parents, S)]
-        return Sample(seqs, targets, m.astype(np.int64))
+        targets = tabs[m, parent_rows(seqs, self._graph.target_parents, S)]
+        return Sample(seqs, targets, np.full(n, -1, dtype=np.int64) if self.continuous else m.astype(np.int64))
 
     def summary(self) -> str:
         """Graph, prior diagnostics, sizes."""
         return (
             f"MultiParentTask S={self.S} T={self.T} k={self.k} sequences S**T={self.n_sequences:,} "
             f"(limit {self._max_sequences:,})\n{self._graph.summary()}\n{self._prior.summary()}"
+            + self._weights_summary()
         )
+
+
+def _merge_accuracy(parts) -> WeightAccuracy:
+    """One :class:`WeightAccuracy` for a table computed in chunks (the worst bound)."""
+    return WeightAccuracy(all(a.exact for a in parts), max((a.bound for a in parts), default=0.0),
+                          parts[0].method if parts else "", any(a.statistical for a in parts))
 
 
 # ------------------------------------------------------------ the task validator

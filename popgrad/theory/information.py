@@ -289,13 +289,16 @@ def has_idealized_gradient(task) -> bool:
     here. Reads the base draws of an implicit relabeling closure (``μ`` is
     relabeling-equivariant): never expands the prior.
     """
-    if not isinstance(task, Task):
+    if not isinstance(task, Task) or task.continuous:  # a continuous prior has no atoms to sum over
         return False
     return bool(task.prior.invariant_view()[2].min() > MU_MIN)
 
 
 def _check_task(task) -> Task:
     check_task(task, Task)
+    if task.continuous:
+        raise ValueError(f"the idealized gradient sums over the prior's atoms, but {task.prior!r} is continuous: use a "
+                         "finite stand-in, e.g. Task(graph, popgrad.dirichlet_prior(S, alpha, n_atoms, seed))")
     if not has_idealized_gradient(task):
         mu = task.prior.invariant_view()[2]
         k, a = (int(x) for x in np.argwhere(mu <= MU_MIN)[0])
