@@ -36,6 +36,14 @@ def single_parent_task(graph, S, T, alpha=1.0, atoms=8, seed=0):
     return pg.Task(g, pg.dirichlet_prior(S, alpha, atoms, seed=seed))
 
 
+def official_or_finite_prior(args, S):
+    """``--prior continuous`` (the official task: ``DirichletPrior(S, alpha)``, stationary roots) or ``--prior
+    finite`` (``args.atoms`` Dirichlet(alpha) draws closed under the S! relabelings)."""
+    if args.prior == "continuous":
+        return pg.DirichletPrior(S, args.alpha)
+    return pg.dirichlet_prior(S, args.alpha, args.atoms, seed=0)
+
+
 def two_parent_task(S, T, alpha=1.0, atoms=16, seed=0):
     """The CLI's two-parent task: Dirichlet(alpha) tensors closed under parent and token relabelings."""
     return pg.MultiParentTask(pg.two_parent(T), pg.dirichlet_tensor_prior(S, 2, alpha, atoms, seed=seed,
