@@ -24,9 +24,14 @@ import json
 import os
 import time
 
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
 import numpy as np
 
 import popgrad as pg
+from popgrad.app.plots import save_figure
 from popgrad.checks.catformer_sampled import sampled_readouts
 
 from _catformer import official_or_finite_prior, write
@@ -128,6 +133,18 @@ def table(a, out):
         lines.append(f"| {r['graph']} | {r['parents']} | {a1:.3f} | {a2:.3f} | {L['L_model']['value']:.4f} ± "
                      f"{L['L_model']['se']:.4f} | {pm('model_minus_official_bayes')} | {pm('model_minus_bayes')} | "
                      f"{r['induction_margin_over_max_abs']:+.3f} | {r['status']} |")
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for mean, sd, lab, c in ((mp, sp, "positional block (official metric)", "tab:blue"),
+                             (mq, sq, "population attention (sampled)", "tab:green")):
+        ok = np.isfinite(mean)
+        ax.errorbar(np.arange(T)[ok], mean[ok], yerr=sd[ok], fmt="o-", capsize=3, color=c, label=lab)
+    ax.axhline(OFFICIAL[0], color="tab:red", ls=":", label=f"official: {OFFICIAL[0]} ± {OFFICIAL[1]}")
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("position i")
+    ax.set_ylabel("attention from i to p(i): mean ± sd over graphs")
+    ax.set_title(f"S = {a.S}, T = {T}, {len(recs)} graphs, {a.steps} sampled steps", fontsize=9)
+    ax.legend(fontsize=7)
+    save_figure(fig, os.path.join(out, "attention_to_parent.png"))
     quick = " --quick" if a.quick else ""
     lines += ["", f"**Mean over graphs (per-graph mean over non-root positions): positional block "
                   f"{np.nanmean(per_pos):.3f} ± {np.nanstd(per_pos):.3f}** (sd over {len(recs)} graphs; the "

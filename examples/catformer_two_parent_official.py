@@ -20,9 +20,14 @@ Full run: ``python catformer_two_parent_official.py --seeds 2``.
 """
 import os
 
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
 import numpy as np
 
 import popgrad as pg
+from popgrad.app.plots import save_figure
 from popgrad.checks import catformer as cc
 from popgrad.checks.catformer_sampled import sampled_loss_estimates
 from popgrad.checks.theorems import check_head_specialization
@@ -88,6 +93,13 @@ def table(a):
         t, params, rec, _ = got
         L = sampled_loss_estimates(task, model, params, task.sample(a.eval_n, 4242), bayes=False)
         M, strict, soft = split_readout(task, model, params)
+        P = cc.positional_attention(model, params)
+        fig, axs = plt.subplots(1, P.shape[0], figsize=(3.2 * P.shape[0], 3.2))
+        for h in range(P.shape[0]):
+            axs[h].imshow(P[h], vmin=0, vmax=1)
+            axs[h].set_title(f"head {h}: softmax(MASK(Ã1[S:, S:]))", fontsize=8)
+        fig.suptitle(f"seed {seed}, step {t} of {a.steps}", fontsize=9)
+        save_figure(fig, os.path.join(a.out, f"seed{seed}_{a.optimizer}_positional.png"))
         lines.append(f"| {seed} | {t} of {a.steps} | {fmt_est(L['L_model'])} | {fmt_est(L['L_official_bayes'])} | "
                      f"{fmt_est(L['model_minus_official_bayes'], True)} | {np.round(M, 2).tolist()} | "
                      f"{'yes' if strict.passed else 'no'} ({strict.value:.2f}) | {'yes' if soft else 'no'} |")

@@ -33,7 +33,7 @@ from ..model.catformer import CatFormer, catformer_forward
 from ..task.tasks import MultiParentTask, Task
 from .catformer import _margin, attention_to_parent_per_position, positional_attention
 
-__all__ = ["sampled_readouts", "sampled_loss_estimates", "BAYES_MAX_ATOM_WORK"]
+__all__ = ["sampled_readouts", "sampled_loss_estimates", "sampled_catformer_checks", "BAYES_MAX_ATOM_WORK"]
 
 #: A finite prior's posterior predictive over K atoms for n sequences is computed when ``K·n`` is at most this.
 BAYES_MAX_ATOM_WORK = 2**26
@@ -210,4 +210,76 @@ def _parent_entries_se(graph, se):
     if par.ndim == 1:
         nr = np.asarray(graph.non_roots)
         out[:, nr] = se[:, nr, par[nr]]
+    return out
+
+
+def sampled_catformer_checks(task, model, params, readouts) -> list:
+    """The three full-model checks from :func:`sampled_readouts` (a size no enumeration reaches).
+
+    ``catformer_graph_recovery`` (single parent): the fraction of non-root rows ``i < T-1`` whose sampled
+    population-average attention has its argmax at ``p(i)`` (kind ``"sampled"``; details: the attention to
+    the parent with its SE, the positional block's (exact)). ``head_specialization`` (k parents):
+    :func:`popgrad.checks.check_head_specialization` on the sampled population attention (``"sampled"``).
+    ``induction_head``: the margin of the layer-2 token block (exact: a parameter) with the sampled
+    matching mass in the details.
+    """
+    from .results import CheckResult, not_applicable
+    from .theorems import check_head_specialization
+
+    graph = task.graph
+    T = task.T
+    mean = readouts["population"]["mean"]
+    n = readouts["n"]
+    out = []
+    st = "layer 1 of the full model attends to each position's parent (argmax of the population attention)"
+    if isinstance(task, MultiParentTask):
+        out.append(not_applicable("catformer_graph_recovery", st, "k-parent task: see head_specialization"))
+    else:
+        nr = [int(i) for i in graph.non_roots if i < T - 1]
+        if not nr:
+            out.append(not_applicable("catformer_graph_recovery", st, "the graph has no non-root position"))
+        else:
+            to_par = readouts["population"]["to_parent"]
+            h = int(np.argmax(np.nanmean(to_par[:, nr], axis=1)))
+            par = graph.parents
+            hits = [i for i in nr if int(np.argmax(mean[h, i, : i + 1])) == par[i]]
+            pos = readouts["positional"]["to_parent"]
+            details = {"head": h, "n": n, "seed": readouts["seed"],
+                       "attention_to_parent": {i: float(to_par[h, i]) for i in nr},
+                       "attention_to_parent_se": {i: float(readouts["population"]["to_parent_se"][h, i]) for i in nr},
+                       "mean_attention_to_parent": float(np.mean(to_par[h, nr])),
+                       "positional_block_attention_to_parent": {i: float(pos[h, i]) for i in nr},
+                       "positional_block_mean_attention_to_parent": float(np.mean(pos[h, nr])),
+                       "positional_block_kind": "exact",
+                       "rows_with_argmax_not_parent": [i for i in nr if i not in hits]}
+            value = len(hits) / len(nr)
+            out.append(CheckResult("catformer_graph_recovery", float(value), 1.0, value >= 1.0, ">=", st, details,
+                                   kind="sampled"))
+    st = ("each layer-1 head of the full model attends to one parent slot (population attention), and the heads "
+          "split the k slots one-to-one")
+    if not isinstance(task, MultiParentTask):
+        out.append(not_applicable("head_specialization", st, "single-parent task"))
+    elif model.heads[0] != task.k:
+        out.append(not_applicable("head_specialization", st, f"layer 1 has {model.heads[0]} heads for k = {task.k} "
+                                                             "parents"))
+    else:
+        low = np.tri(T, dtype=bool)
+        logits = np.where(low, np.log(np.maximum(mean, np.finfo(float).tiny)), 0.0)
+        res = check_head_specialization(task, logits)
+        out.append(res._replace(statement=st, kind="sampled",
+                                details={**res.details, "attention": f"population average, sampled (n = {n})"}))
+    st = ("layer 2 is an induction head: in its token-token block (query's parent token x the parent token layer 1 "
+          "copied into the key) every query token scores its own token highest")
+    ind = readouts.get("induction")
+    if model.n_layers < 2:
+        out.append(not_applicable("induction_head", st, "the model has one layer"))
+    elif ind is None:
+        out.append(not_applicable("induction_head", st, "k-parent task: the sampled read-out covers single parents"))
+    else:
+        v = float(ind["margin_over_max_abs"])
+        details = {k: ind[k] for k in ("layer1_head", "best_layer2_head", "best_rows", "margin")}
+        details.update({"margin_kind": "exact (a parameter); the layer-1 head is chosen on the sampled attention",
+                        "query_attention_on_matching_parent_tokens": ind["matching_mass"],
+                        "same_under_uniform_attention": ind["uniform_mass"]})
+        out.append(CheckResult("induction_head", v, 0.0, v > 0, ">", st, details))
     return out
