@@ -84,7 +84,7 @@ def check_schedule(cfg) -> None:
 
 def _too_large(task):
     """``(what the enumeration needs, how to make it smaller)`` for the one-line errors."""
-    if task.n_sequences > task.max_sequences or isinstance(task, MultiParentTask):
+    if task.n_sequences > task.max_sequences or isinstance(task, MultiParentTask) or task.prior.K is None:
         n = task.n_sequences
         count = f"{n:,}" if n < 10**15 else f"about 10^{task.T * np.log10(task.S):.0f}"
         return (f"S**T = {task.S}**{task.T} = {count} sequences (over --max-sequences {task.max_sequences:,})",
