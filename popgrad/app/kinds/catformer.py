@@ -137,8 +137,8 @@ class CatFormerKind(KindBase):
             try:
                 task.check_size()  # the exact gradient enumerates every sequence
             except ValueError as exc:
-                raise CLIError(f"--model catformer --gradient exact needs the exact population: {exc}; or train on "
-                               "sampled batches: --gradient sampled") from None
+                raise CLIError(f"--model catformer needs the exact population with --gradient exact: {exc}; or "
+                               "train on sampled batches: --gradient sampled") from None
         steps = cfg["steps"]
         record_every = cfg.get("record_every") or max(1, steps // 128)
         train = CatFormerTrainConfig(
