@@ -141,6 +141,8 @@ def part_T(a):
                 tr = pg.train_catformer(task, model, a.steps, **kw)
                 nr = [i for i in task.graph.non_roots if i < T - 1]
                 vals.append(mean_pos_attn(task, model, tr.final) if nr else np.nan)
+                print(f"T = {T}, {grad}, graph {g} ({task.graph.to_string()}): attention to parent {vals[-1]:.3f}, "
+                      f"{time.perf_counter() - t0:.0f} s", flush=True)
                 if task.n_sequences <= 3**10:
                     gaps.append(pg.catformer_loss_and_grad(task, model, tr.final).loss - pg.bayes_loss(task))
             m, sd = finite_stats(np.array(vals))[:2]
