@@ -13,32 +13,65 @@ from popgrad.checks import catformer as cc
 
 from _common import ensure_out, parser
 
-GRAPHS = {"chain": pg.chain, "icl": pg.icl_pairs, "random": lambda T: pg.random_tree(T, seed=0, root_prob=0.2)}
+#: Figure 2's graphs; ``random`` is the official ``single_parent.py`` generator (each parent uniform over
+#: {none, 0, ..., i-1}).
+GRAPHS = {"chain": pg.chain, "icl": pg.icl_pairs, "random": lambda T: pg.official_random_tree(T, seed=0)}
+
+#: ``--prior`` of the full-model examples: the official continuous prior (default) or popgrad's finite one.
+PRIORS = ("continuous", "finite")
 
 
 def catformer_args(doc, out, T, steps, quick_help, counts=None, alpha=0.1):
     """The full-model examples' command line: ``--out``, ``--quick`` (:func:`_common.parser`), ``--T``,
-    ``--steps``, one integer option per ``counts`` entry (name -> default), ``--alpha``; returns
-    ``(args, output folder)``."""
+    ``--steps``, one integer option per ``counts`` entry (name -> default), ``--alpha``, ``--prior``
+    (``continuous``: the official prior, the default; ``finite``: ``--atoms`` draws closed under relabeling);
+    returns ``(args, output folder)``."""
     p = parser(doc, out, quick_help=quick_help)
     p.add_argument("--T", type=int, default=T)
     p.add_argument("--steps", type=int, default=steps)
     for name, default in (counts or {}).items():
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--alpha", type=float, default=alpha)
+    p.add_argument("--prior", choices=PRIORS, default="continuous",
+                   help="continuous: the official Dirichlet(alpha) prior (default); finite: --atoms draws closed "
+                        "under relabeling")
+    p.add_argument("--atoms", type=int, default=None, help="--prior finite: Dirichlet draws before the closure")
     args = p.parse_args()
     return args, ensure_out(args.out)
 
 
-def single_parent_task(graph, S, T, alpha=1.0, atoms=8, seed=0):
-    """The popgrad default prior: ``atoms`` Dirichlet(alpha) draws closed under the S! relabelings."""
+def single_parent_task(graph, S, T, alpha=1.0, atoms=8, seed=0, prior="continuous"):
+    """``prior="continuous"``: the official ``DirichletPrior(S, alpha)`` (stationary roots); ``"finite"``:
+    ``atoms`` Dirichlet(alpha) draws closed under the S! relabelings."""
     g = GRAPHS[graph](T) if isinstance(graph, str) else graph
-    return pg.Task(g, pg.dirichlet_prior(S, alpha, atoms, seed=seed))
+    if prior == "continuous":
+        return pg.Task(g, pg.DirichletPrior(S, alpha))
+    return pg.Task(g, pg.dirichlet_prior(S, alpha, atoms or 8, seed=seed))
 
 
-def two_parent_task(S, T, alpha=1.0, atoms=16, seed=0):
-    """The CLI's two-parent task: Dirichlet(alpha) tensors closed under parent and token relabelings."""
-    return pg.MultiParentTask(pg.two_parent(T), pg.dirichlet_tensor_prior(S, 2, alpha, atoms, seed=seed,
+def prior_text(prior, alpha, atoms=None, S=3, k=1):
+    """The prior in words for the tables."""
+    if prior == "continuous":
+        return (f"continuous Dirichlet({alpha:g}) prior (official; stationary roots)" if k == 1 else
+                f"continuous DirichletTensorPrior(S, {k}, {alpha:g}) (official; uniform roots)")
+    return f"finite prior: {atoms} Dirichlet({alpha:g}) draws closed under relabeling"
+
+
+def official_or_finite_prior(args, S):
+    """``--prior continuous`` (the official task: ``DirichletPrior(S, alpha)``, stationary roots) or ``--prior
+    finite`` (``args.atoms`` Dirichlet(alpha) draws closed under the S! relabelings)."""
+    if args.prior == "continuous":
+        return pg.DirichletPrior(S, args.alpha)
+    return pg.dirichlet_prior(S, args.alpha, args.atoms or 8, seed=0)
+
+
+def two_parent_task(S, T, alpha=1.0, atoms=16, seed=0, prior="continuous"):
+    """``prior="continuous"``: the official ``DirichletTensorPrior(S, 2, alpha)`` (roots uniform, as
+    ``InContextDAG``); ``"finite"``: the CLI's ``atoms`` Dirichlet(alpha) tensors closed under parent and
+    token relabelings."""
+    if prior == "continuous":
+        return pg.MultiParentTask(pg.two_parent(T), pg.DirichletTensorPrior(S, 2, alpha))
+    return pg.MultiParentTask(pg.two_parent(T), pg.dirichlet_tensor_prior(S, 2, alpha, atoms or 16, seed=seed,
                                                                          symmetrize="full"))
 
 

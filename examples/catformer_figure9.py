@@ -13,8 +13,10 @@ position's parent, ``softmax(MASK(Ã^(1)[S:, S:]))[i, p(i)]``: mean 0.84 ±
 
 Here the same model and optimizer run on the exact population gradient at
 S = 3 and a T that enumerates (default 7), 20 graphs
-``popgrad.random_tree(T, seed=g, root_prob=0.5)``, prior: 8 Dirichlet(α) draws
-closed under the 3! relabelings, α = 0.1 as in the official run (--alpha).
+``popgrad.random_tree(T, seed=g, root_prob=0.5)``, prior: the official continuous
+Dirichlet(α) prior with stationary roots (``--prior finite``: 8 draws closed under the 3!
+relabelings), α = 0.1 as in the official run (--alpha). The official size (T = 20, sampled):
+``catformer_figure9_official.py``.
 Two exact readings per position: the official metric's matrix, and the exact population-average attention
 ``E_s[softmax(x̃ Ã^(1) x̃ᵀ)][i, p(i)]`` (which also counts the token blocks).
 
@@ -32,7 +34,7 @@ import popgrad as pg
 from popgrad.app.plots import save_figure
 from popgrad.checks import catformer as cc
 
-from _catformer import catformer_args, write
+from _catformer import catformer_args, official_or_finite_prior, prior_text, write
 from _common import finite_stats
 
 OFFICIAL = (0.84, 0.05)  # mean ± sd over 20 graphs, official sampled training (S = 3, T = 20, 2^14 steps)
@@ -43,7 +45,7 @@ def main():
                                "T = 6, 3 graphs, 40 steps (smoke test)", {"graphs": 20})
     S = 3
     T, steps, n_graphs = (6, 40, 3) if args.quick else (args.T, args.steps, args.graphs)
-    prior = pg.dirichlet_prior(S, args.alpha, 8, seed=0)
+    prior = official_or_finite_prior(args, S)
     pos_attn = np.full((n_graphs, T), np.nan)
     pop_attn = np.full((n_graphs, T), np.nan)
     losses = []
@@ -79,7 +81,7 @@ def main():
     ax.legend(fontsize=7)
     save_figure(fig, f"{out}/attention_to_parent.png")
     lines = [f"S = {S}, T = {T}, heads (1, 1), zero start, SGD lr 1 (constant), {steps} exact steps, "
-             f"{n_graphs} graphs random_tree(T, seed=g, root_prob=0.5), alpha = {args.alpha:g}.", "",
+             f"{n_graphs} graphs random_tree(T, seed=g, root_prob=0.5), {prior_text(args.prior, args.alpha, args.atoms or 8)}.", "",
              "| position | positional block: mean | sd | population attention: mean | sd | graphs with a parent here |",
              "|---|---|---|---|---|---|"]
     for i in pos:
@@ -95,7 +97,7 @@ def main():
               f"Mean final loss - Bayes over graphs: {gap:.4f}; statuses: "
               f"{sorted({s for _, _, s in losses})}. {n_graphs} graphs in {seconds:.0f} s.",
               f"Reproduce: python examples/catformer_figure9.py --T {T} --steps {steps} --graphs {n_graphs} "
-              f"--alpha {args.alpha:g}"]
+              f"--alpha {args.alpha:g} --prior {args.prior}"]
     write(out, "figure9_table.md", "\n".join(lines))
 
 

@@ -384,6 +384,9 @@ def main():
     p = parser(__doc__, "examples_out/catformer_symmetry", quick_help="T = 6, 100 steps, 2 seeds (smoke test)")
     p.add_argument("--T", type=int, default=8)
     p.add_argument("--alpha", type=float, default=0.1)
+    p.add_argument("--prior", choices=("continuous", "finite"), default="continuous",
+                   help="continuous: the official DirichletTensorPrior (default); finite: 16 tensors closed under "
+                        "relabeling")
     p.add_argument("--steps", type=int, default=4096)
     p.add_argument("--seeds", type=int, default=8, help="seeds of the 1e-4 start (full/adamw)")
     p.add_argument("--scales", default="1e-2,1", help="further init scales (--scale-seeds seeds each)")
@@ -425,7 +428,7 @@ def main():
         T, steps, seeds, scales, scale_seeds = args.T, args.steps, args.seeds, \
             [float(s) for s in args.scales.split(",") if s], args.scale_seeds
     alpha = 1.0 if args.quick else args.alpha
-    task = two_parent_task(S, T, alpha=alpha)
+    task = two_parent_task(S, T, alpha=alpha, prior=args.prior)
     bayes, lstar = pg.bayes_loss(task), pg.optimal_loss(task)
     plan = [("full/adamw", 1e-4, s) for s in range(seeds)]
     plan += [("full/adamw", sc, s) for sc in scales for s in range(scale_seeds)]
@@ -474,7 +477,7 @@ def main():
         d0, d1, opp = first_steps(task, scale, 0)
         lines.append(f"- scale {scale:g}: {d0:.3g} / AdamW " + ", ".join(f"{v:.3g}" for v in d1["adamw"])
                      + " / SGD " + ", ".join(f"{v:.3g}" for v in d1["sgd"]) + f"; opposite-sign fraction {opp:.2f}")
-    lines += ["", f"Reproduce: python examples/catformer_symmetry.py --T {T} --alpha {alpha:g} --steps {steps} "
+    lines += ["", f"Reproduce: python examples/catformer_symmetry.py --T {T} --alpha {alpha:g} --prior {args.prior} --steps {steps} "
                   f"--seeds {seeds} "
                   f"--scales {','.join(f'{s:g}' for s in scales)} --scale-seeds {scale_seeds}",
               f"{len(runs)} runs in {time.perf_counter() - t0:.0f} s."]

@@ -9,8 +9,9 @@ from ``Ã ~ 1e-4·N(0, 1)``, ``W = 0`` and trains with
 Figure 7 shows the two first-layer heads' positional blocks
 ``softmax(MASK(Ã^(1)_h[S:, S:]))``, each on one parent. Here the same model,
 start and optimizer run on the exact population gradient at S = 2 and a T
-that enumerates (default 10; Dirichlet(α = 0.1) tensors, 16 draws closed under
-parent and token relabelings), over a few seeds of the start.
+that enumerates (default 10; the official prior ``DirichletTensorPrior(2, 2, 0.1)``,
+roots uniform; ``--prior finite``: 16 Dirichlet tensors closed under parent and token
+relabelings), over a few seeds of the start.
 
 Per seed: the final loss beside the Bayes loss and ``L*``; whether the heads
 split the two parents (strict: every row's argmax of the population
@@ -33,7 +34,7 @@ import popgrad as pg
 from popgrad.app.plots import save_figure
 from popgrad.checks import catformer as cc
 
-from _catformer import catformer_args, plot_population_attention, two_parent_task, write
+from _catformer import catformer_args, plot_population_attention, prior_text, two_parent_task, write
 
 
 def main():
@@ -41,7 +42,7 @@ def main():
                                "T = 6, 100 steps, 1 seed (smoke test)", {"seeds": 3})
     S = 2
     T, steps, seeds = (6, 100, 1) if args.quick else (args.T, args.steps, args.seeds)
-    task = two_parent_task(S, T, alpha=args.alpha)
+    task = two_parent_task(S, T, alpha=args.alpha, atoms=args.atoms, prior=args.prior)
     model = pg.CatFormer(S, T, heads=(2, 1))
     bayes, lstar = pg.bayes_loss(task), pg.optimal_loss(task)
     rows = []
@@ -73,7 +74,7 @@ def main():
     ax.set_ylabel("exact population loss")
     ax.legend(fontsize=7)
     save_figure(fig, f"{out}/loss.png")
-    lines = [f"two-parent graph, S = {S}, T = {T}, alpha = {args.alpha:g}, heads (2, 1), Ã ~ 1e-4·N(0,1), W = 0, "
+    lines = [f"two-parent graph, S = {S}, T = {T}, {prior_text(args.prior, args.alpha, args.atoms or 16, k=2)}, heads (2, 1), Ã ~ 1e-4·N(0,1), W = 0, "
              f"AdamW lr 1e-2 cosine over {steps} steps, wd 1e-4; Bayes {bayes:.4f}, L* {lstar:.4f}.", "",
              "| seed | final loss | loss - Bayes | M[h, slot] (slot 0: (i-1)//2, slot 1: i-1) | strict split | "
              f"soft split | induction lift (pass at >= {cc.ATTENTION_LIFT:g}) | run status |", "|---|---|---|---|---|---|---|---|"]
@@ -85,7 +86,7 @@ def main():
     lines += ["", "Official (sampled, S = 5, T = 32, 2^16 steps): each head's positional block attends to one "
                   "parent (Figure 7).",
               f"Reproduce: python examples/catformer_two_parent.py --T {T} --steps {steps} --seeds {seeds} "
-              f"--alpha {args.alpha:g}"]
+              f"--alpha {args.alpha:g} --prior {args.prior}"]
     write(out, "two_parent_table.md", "\n".join(lines))
 
 

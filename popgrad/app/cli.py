@@ -29,7 +29,7 @@ from .. import __version__
 from .._signals import Terminated, cli_session, is_cli_process, say, sigint_seen
 from .config import ARG_SPECS, check_value, load_config_file, merge, resolve
 from .jobs import EXIT_DIVERGED, run
-from .kinds import KINDS, model_flag
+from .kinds import KINDS, flags, model_flag
 from .tasks import RUN_FLAGS, TASK_FLAGS, build_task
 
 
@@ -106,12 +106,13 @@ def _parser() -> argparse.ArgumentParser:
     _add_task_flags(r)
     seen = {f.key for f in TASK_FLAGS}
     _add_flag(r, model_flag())
+    merged = {f.key: f for f in flags()}  # a key two kinds share offers both kinds' choices (--gradient)
     for kind in KINDS.values():  # each kind's flags, once, under its name (popgrad.app.kinds)
         own = [f for f in kind.flags if f.key not in seen and f.cli]
         if own:
             group = r.add_argument_group(f"--model {kind.model} ({kind.name})")
             for f in own:
-                _add_flag(group, f)
+                _add_flag(group, merged[f.key])
                 seen.add(f.key)
     group = r.add_argument_group("the run")
     for f in RUN_FLAGS:

@@ -43,6 +43,10 @@ REFERENCE_LABELS = {
     "L_count": "L_count: the count estimator of Knowl 8, ε-loss",
     "L_count_model_limit": "the model's own limit at the construction, ε-loss",
     "L_floor_eps": "L_floor,ε: the exact floor of the ε-loss (lower bound of every model)",
+    "L_model_heldout": "the model's loss on the held-out sample (full model, sampled gradient)",
+    "L_official_bayes": "L_official_bayes: the official bayes estimator (in-context counts + α, edges only)",
+    "model_minus_official_bayes": "model − official bayes, same held-out sample",
+    "model_minus_bayes": "model − L_Bayes, same held-out sample",
 }
 
 __all__ = ["build_report", "write_report", "render_markdown", "atomic_write_text", "versions", "fmt",
@@ -124,6 +128,7 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
                 "final_loss_kind": ("sampled" if sampled else "exact") if last is not None else None,
                 "final_loss_se": final_se if sampled else None,
                 "stage2_samples": int(getattr(trajectory, "stage2_samples", 0)),
+                "final_loss_n": _final_loss_n(trajectory) if sampled else None,
                 "monotonicity": trajectory.monotonicity.to_json() if hasattr(trajectory, "monotonicity") else None,
                 "loss_curve": trajectory.monotonicity.describe() if hasattr(trajectory, "monotonicity") else None,
             },
@@ -133,6 +138,12 @@ def build_report(config: dict, task, trajectory, checks, references: dict, extra
             **(extra or {}),
         }
     )
+
+
+def _final_loss_n(trajectory) -> int:
+    """Sequences behind a sampled final loss: Stage 2's sample, or the full model's batch."""
+    n = int(getattr(trajectory, "stage2_samples", 0) or 0)
+    return n or int(getattr(getattr(trajectory, "config", None), "batch_size", None) or 0)
 
 
 def fmt(x) -> str:
@@ -268,7 +279,7 @@ def render_markdown(report: dict, sections=()) -> str:
         lines.append(f"| {label} | {_fmt_value(v)} | {_kind(v)} |")
     tr = report["trajectory"]
     final = {"value": tr["final_loss"], "kind": tr.get("final_loss_kind") or "exact", "se": tr.get("final_loss_se"),
-             "n": tr.get("stage2_samples")}
+             "n": tr.get("final_loss_n") or tr.get("stage2_samples")}
     lines.append(f"| final loss L(θ̂) | {_fmt_value(final)} | {_kind(final)} |")
     if tr.get("loss_curve"):
         lines += ["", f"Loss curve: {tr['loss_curve']}."]

@@ -303,7 +303,7 @@ def embed(S, T, seqs) -> np.ndarray:
 def _attention(h, A):
     """``softmax_rows(MASK(h A hᵀ))`` for ``h (n, T, d)``, ``A (d, d)``: ``(n, T, T)``, zero above the diagonal."""
     T = h.shape[1]
-    z = np.einsum("nia,ab,njb->nij", h, A, h)
+    z = np.matmul(h @ A, np.swapaxes(h, 1, 2))  # = einsum("nia,ab,njb->nij"); unoptimized einsum is O(n T^2 d^2)
     low = np.tri(T, dtype=bool)
     P = softmax(np.where(low, z, -np.inf), axis=2)
     return np.where(low, P, 0.0)

@@ -20,7 +20,7 @@ optional parts) and one line in :data:`KINDS` below (or :func:`register` from ou
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar, Union, runtime_checkable
 
 from ...task import MultiParentTask, Task
@@ -176,7 +176,14 @@ def flags() -> tuple:
     out["model"] = model_flag()
     for k in KINDS.values():
         for f in k.flags:
-            out.setdefault(f.key, f)
+            have = out.get(f.key)
+            if have is None:
+                out[f.key] = f
+            elif have.choices and f.choices and set(f.choices) - set(have.choices):
+                # two kinds share a key with different choices (--gradient): the flag offers both sets, each
+                # kind's settle checks its own, and the help names both
+                out[f.key] = replace(have, choices=tuple(dict.fromkeys(have.choices + f.choices)),
+                                     help=f"{have.help}; {f.help}")
     for f in RUN_FLAGS:
         out.setdefault(f.key, f)
     return tuple(out.values())

@@ -1,10 +1,16 @@
 """Kind ``catformer``: the full disentangled transformer (``--model catformer``), trained jointly, any task.
 
-Trainer :func:`popgrad.train_catformer` with the official optimizers; references at ``ε = 0``
+Trainer :func:`popgrad.train_catformer` with the official optimizers, on the exact population gradient
+(``--gradient exact``, the default) or on a fresh sampled batch per step (``--gradient sampled
+--batch-size 1024 --sample-seed 0``, any size). Exact: references at ``ε = 0``
 (:func:`popgrad.checks.suites.softmax_reference_losses`: the softmax readout's loss); checks
 ``catformer_graph_recovery`` (single-parent), ``head_specialization`` (k-parent, on the
-population-average attention) and ``induction_head``; figures ``loss.png``, ``attention.png``
-(population-average layer-1 attention of each head beside the true graph), ``attention_to_parent.png``.
+population-average attention) and ``induction_head``. Sampled: the same read-outs on a held-out sample
+of :data:`READOUT_SAMPLES` sequences (:mod:`popgrad.checks.catformer_sampled`), each labelled sampled
+with its standard error (the references: the official ``bayes`` estimator and, where known, the task's
+Bayes loss); the positional block and the induction margin are exact (parameters). Figures
+``loss.png``, ``attention.png`` (population-average layer-1 attention of each head beside the true
+graph), ``attention_to_parent.png``.
 """
 from __future__ import annotations
 
@@ -14,9 +20,10 @@ import os
 import numpy as np
 
 from ...checks import catformer as CC
+from ...checks.catformer_sampled import sampled_catformer_checks, sampled_readouts
 from ...checks.suites import softmax_reference_losses
 from ...model.catformer import CatFormer
-from ...train.catformer import CatFormerScheme, CatFormerTrainConfig, train_catformer
+from ...train.catformer import CATFORMER_GRADIENTS, CatFormerScheme, CatFormerTrainConfig, train_catformer
 from ...train.loop import load_checkpoint
 from ...train.optim import LR_SCHEDULES, OPTIMIZERS
 from .. import plots as P
@@ -25,12 +32,18 @@ from ..settings import CLIError, Flag
 from ..tasks import MULTI_PARENT_TASK_DEFAULTS, is_multi_parent, too_large
 from ._common import KindBase, common_defaults
 
-__all__ = ["KIND", "CATFORMER_DEFAULTS", "FLAGS", "parse_heads"]
+__all__ = ["KIND", "CATFORMER_DEFAULTS", "FLAGS", "parse_heads", "READOUT_SAMPLES", "READOUT_SEED"]
+
+#: Held-out sequences of the sampled read-outs (``--gradient sampled``), and their seed (not a training seed:
+#: training batches use ``SeedSequence([sample_seed, t])``).
+READOUT_SAMPLES = 8192
+READOUT_SEED = 2**31 - 1
 
 #: Defaults of ``--model catformer`` (the official single-parent recipe: SGD, lr 1, cosine decay, zero
 #: start); ``record_every`` not given is ``max(1, steps // 128)`` (the official ``n_save = 128``).
 CATFORMER_DEFAULTS = dict(model="catformer", heads="1,1", optimizer="sgd", lr=1.0, lr_schedule="cosine",
-                          weight_decay=0.0, init_scale=0.0, init_seed=0, steps=300)
+                          weight_decay=0.0, init_scale=0.0, init_seed=0, steps=300, gradient="exact",
+                          batch_size=1024, sample_seed=0)
 
 _c = CATFORMER_DEFAULTS
 FLAGS = (
@@ -45,6 +58,10 @@ FLAGS = (
                                        "zero start)"),
     Flag("init_seed", "int", 0, help="catformer: seed of the start (default 0)"),
     Flag("steps", "int", 1, help=f"catformer: optimizer steps (default {_c['steps']})"),
+    Flag("gradient", "str", choices=CATFORMER_GRADIENTS,
+         help="catformer: the exact population gradient (default) or a fresh sampled batch per step, any size"),
+    Flag("batch_size", "int", 1, help=f"catformer --gradient sampled: sequences per step (default {_c['batch_size']})"),
+    Flag("sample_seed", "int", 0, help="catformer --gradient sampled: seed of the batches (default 0)"),
 )
 
 
@@ -60,9 +77,40 @@ def _model(rc) -> CatFormer:
     return CatFormer(rc.task.S, rc.task.T, heads=rc.train.heads)
 
 
+def _sampled(rc) -> bool:
+    return rc.train.gradient == "sampled"
+
+
+_LAST = {}  # one entry: the read-outs of the last (task, parameters), shared by references, checks and plots
+
+
+def _readouts(rc, params):
+    """The sampled read-outs (same held-out sample for the references and the checks); the task's Bayes
+    loss where it is cheap (a finite prior, uniform roots, or S <= 3)."""
+    key = (id(rc.task), tuple(a.tobytes() for a in (*params.A, params.W)))
+    if _LAST.get("key") != key:
+        _LAST.clear()
+        _LAST.update(key=key, value=_compute_readouts(rc, params))
+    return _LAST["value"]
+
+
+def _compute_readouts(rc, params):
+    task = rc.task
+    cheap = not getattr(task, "continuous", False) or getattr(task.prior, "roots", "uniform") == "uniform" \
+        or task.S <= 3
+    return sampled_readouts(task, _model(rc), params, n=READOUT_SAMPLES, seed=READOUT_SEED,
+                            alpha=rc["alpha"], bayes=cheap)
+
+
+def _population(rc, params):
+    """Population-average layer-1 attention: exact, or sampled (mean) for ``--gradient sampled``."""
+    if _sampled(rc):
+        return _readouts(rc, params)["population"]["mean"]
+    return CC.population_attention(rc.task, _model(rc), params)
+
+
 def _attention_to_parent(rc, traj, r):
-    return CC.attention_to_parent_per_position(rc.task.graph, CC.population_attention(rc.task, _model(rc),
-                                                                                      traj.params(r)))
+    return CC.attention_to_parent_per_position(rc.task.graph, _population(rc, traj.params(r)))
 
 
 def _most_attended_parent(graph, P) -> np.ndarray:
@@ -101,23 +149,29 @@ class CatFormerKind(KindBase):
 
     def settle(self, cfg, task):
         heads = parse_heads(cfg["heads"])
-        for key, choices in (("optimizer", OPTIMIZERS), ("lr_schedule", LR_SCHEDULES)):
+        for key, choices in (("optimizer", OPTIMIZERS), ("lr_schedule", LR_SCHEDULES),
+                             ("gradient", CATFORMER_GRADIENTS)):
             if cfg[key] not in choices:
                 raise CLIError(f"--{key.replace('_', '-')} {cfg[key]!r}: use {', '.join(choices)}")
-        try:
-            task.check_size()  # the full model's gradient enumerates every sequence
-        except ValueError:
-            # issue 32: the ways out of the full model (not the reduced model's field or sampled Stage 2)
-            what, how = too_large(task)
-            raise CLIError(f"--model catformer needs the exact population (it trains on every sequence): {what}; "
-                           f"use {how}") from None
+        sampled = cfg["gradient"] == "sampled"
+        if not sampled:
+            try:
+                task.check_size()  # the exact gradient enumerates every sequence
+            except ValueError:
+                # issue 32: the ways out of the full model (not the reduced model's field or sampled Stage 2)
+                what, how = too_large(task)
+                raise CLIError(f"--model catformer needs the exact population with --gradient exact (it trains "
+                               f"on every sequence): {what}; use {how}, or train on sampled batches: "
+                               "--gradient sampled") from None
         steps = cfg["steps"]
         record_every = cfg.get("record_every") or max(1, steps // 128)
         train = CatFormerTrainConfig(
             S=task.S, T=task.T, heads=heads, steps=steps, optimizer=cfg["optimizer"], lr=cfg["lr"],
             lr_schedule=cfg["lr_schedule"], weight_decay=cfg["weight_decay"],
             init="normal" if cfg["init_scale"] > 0 else "zero", init_scale=cfg["init_scale"],
-            init_seed=cfg["init_seed"] if cfg["init_scale"] > 0 else 0, record_every=record_every)
+            init_seed=cfg["init_seed"] if cfg["init_scale"] > 0 else 0, record_every=record_every,
+            gradient=cfg["gradient"], batch_size=cfg["batch_size"] if sampled else None,
+            sample_seed=cfg["sample_seed"] if sampled else None)
         try:
             train.optimizer_rule()
         except ValueError as exc:
@@ -129,14 +183,31 @@ class CatFormerKind(KindBase):
         init = ("normal", c.init_scale, c.init_seed) if c.init == "normal" else "zero"
         return train_catformer(rc.task, _model(rc), c.steps, optimizer=c.optimizer, lr=c.lr,
                                lr_schedule=c.lr_schedule, weight_decay=c.weight_decay, init=init,
-                               record_every=c.record_every, **run)
+                               record_every=c.record_every, gradient=c.gradient, batch_size=c.batch_size,
+                               sample_seed=c.sample_seed, **run)
+
+    def notes(self, rc):
+        if not _sampled(rc):
+            return []
+        return [f"sampled gradient: batches of {rc.train.batch_size} (sample seed {rc.train.sample_seed}); recorded "
+                f"losses are batch estimates with their SE; read-outs on {READOUT_SAMPLES} held-out sequences"]
 
     def references(self, rc, traj, sampled=True):
-        """The references at ``ε = 0`` (the softmax readout's loss has no perturbation)."""
-        return softmax_reference_losses(rc.task), None
+        """The references at ``ε = 0`` (the softmax readout's loss has no perturbation); with the sampled
+        gradient, estimates on the held-out sample (``*_sampled``, with SE): the model's loss there, the
+        official ``bayes`` estimator's, the task's Bayes loss where known, and the differences."""
+        if not _sampled(rc):
+            return softmax_reference_losses(rc.task), None
+        L = _readouts(rc, traj.final)["losses"]
+        names = {"L_model": "L_model_heldout_sampled", "L_official_bayes": "L_official_bayes_sampled",
+                 "L_bayes": "L_bayes_sampled", "model_minus_official_bayes": "model_minus_official_bayes_sampled",
+                 "model_minus_bayes": "model_minus_bayes_sampled"}
+        return {new: L[old] for old, new in names.items()}, None
 
     def checks(self, rc, traj, refs, objective=None):
         task, model, params = rc.task, _model(rc), traj.final
+        if _sampled(rc):
+            return self._sampled_checks(rc, traj, refs)
         results = [CC.check_catformer_graph_recovery(task, model, params),
                    CC.check_catformer_head_specialization(task, model, params),
                    CC.check_induction_head(task, model, params)]
@@ -154,9 +225,33 @@ class CatFormerKind(KindBase):
         }}
         return results, extra
 
+    def _sampled_checks(self, rc, traj, refs):
+        task, model, params = rc.task, _model(rc), traj.final
+        ro = _readouts(rc, params)
+        results = sampled_catformer_checks(task, model, params, ro)
+        pop = ro["population"]
+        extra = {"catformer": {
+            "heads": list(model.heads), "gradient": "sampled", "readout_samples": ro["n"], "readout_seed": ro["seed"],
+            "final_loss": refs["L_model_heldout_sampled"]["value"],
+            "final_loss_se": refs["L_model_heldout_sampled"]["se"],
+            "excess_over": {"official_bayes": refs["model_minus_official_bayes_sampled"],
+                            "bayes": refs["model_minus_bayes_sampled"]},
+            "population_attention_layer1": pop["mean"], "population_attention_layer1_se": pop["se"],
+            "attention_to_parent_per_position": pop["to_parent"],
+            "attention_to_parent_per_position_se": pop["to_parent_se"],
+            "positional_attention_to_parent_per_position": ro["positional"]["to_parent"],
+            "induction": ro.get("induction"),
+            "note": f"sampled: population-average layer-1 attention, losses and the matching mass are means over "
+                    f"{ro['n']} held-out sequences with their SE; the positional block (the official metric's "
+                    "matrix) and the layer-2 margin are exact (parameters)",
+        }}
+        return results, extra
+
     def plots(self, out, rc, traj, refs, context=""):
+        if _sampled(rc):  # the official count estimator as L_count, the task's Bayes loss where known
+            refs = {"L_count": refs["L_official_bayes_sampled"], "L_bayes_eps": refs["L_bayes_sampled"]}
         P.plot_loss(traj, refs, os.path.join(out, "loss.png"), context=context)
-        Pbar = CC.population_attention(rc.task, _model(rc), traj.params(-1))  # the record at traj.step[-1]
+        Pbar = _population(rc, traj.params(-1))  # the record at traj.step[-1]
         P.plot_population_attention(rc.task.graph, Pbar, os.path.join(out, "attention.png"), context=context,
                                     step=int(traj.step[-1]))
         P.plot_parent_attention_per_position(rc.task.graph, _attention_to_parent(rc, traj, 0),
@@ -173,6 +268,8 @@ class CatFormerKind(KindBase):
         cat = report.get("catformer")
         if not cat:
             return []
+        if cat.get("gradient") == "sampled":
+            return _sampled_markdown(cat)
         ex = cat["excess_over"]
         lines = ["", "## The full model (population-average layer-1 attention)", "",
                  f"Heads per layer {tuple(cat['heads'])}; final loss {fmt(cat['final_loss'])}; final loss minus the "
@@ -184,6 +281,38 @@ class CatFormerKind(KindBase):
                   "|---|" + "---|" * len(cols)]
         lines += [f"| {h} | " + " | ".join(fmt(r[i]) for i in cols) + " |" for h, r in enumerate(rows)]
         return lines
+
+
+def _pm(v) -> str:
+    if not isinstance(v, dict) or v.get("value") is None:
+        return "n/a" + (f" ({v['reason']})" if isinstance(v, dict) and v.get("reason") else "")
+    return f"{fmt(v['value'])} ± {fmt(v['se'])}"
+
+
+def _sampled_markdown(cat) -> list:
+    ex = cat["excess_over"]
+    n = cat["readout_samples"]
+    lines = ["", f"## The full model, sampled read-outs (n = {n:,} held-out sequences, ± SE)", "",
+             f"Heads per layer {tuple(cat['heads'])}; loss on the held-out sample {fmt(cat['final_loss'])} ± "
+             f"{fmt(cat['final_loss_se'])} (sampled); minus the official bayes estimator {_pm(ex['official_bayes'])}, "
+             f"minus the task's Bayes loss {_pm(ex['bayes'])} (same sample, sampled).", ""]
+    rows = cat["attention_to_parent_per_position"]
+    ses = cat["attention_to_parent_per_position_se"]
+    posb = cat["positional_attention_to_parent_per_position"]
+    cols = [i for i in range(len(rows[0])) if rows[0][i] is not None and math.isfinite(rows[0][i])]
+    lines += ["| head | read-out | " + " | ".join(f"[{i}, p({i})]" for i in cols) + " |",
+              "|---|---|" + "---|" * len(cols)]
+    for h in range(len(rows)):
+        lines.append(f"| {h} | population attention (sampled) | "
+                     + " | ".join(f"{fmt(rows[h][i])} ± {fmt(ses[h][i])}" for i in cols) + " |")
+        lines.append(f"| {h} | positional block (exact) | " + " | ".join(fmt(posb[h][i]) for i in cols) + " |")
+    ind = cat.get("induction")
+    if ind:
+        mm = ind["matching_minus_uniform"]
+        lines += ["", f"Induction head: layer-2 margin {fmt(ind['margin'])} (exact; / max abs(Ã2) = "
+                      f"{fmt(ind['margin_over_max_abs'])}); the query's layer-2 attention on positions whose parent "
+                      f"token equals the query's minus the same under uniform attention: {_pm(mm)} (sampled)."]
+    return lines
 
 
 KIND = CatFormerKind()

@@ -52,7 +52,8 @@ FLAGS = (
 #: Built-in defaults of ``popgrad run`` (the reduced model on the induction-head task); the training
 #: values are :class:`popgrad.TrainConfig`'s.
 DEFAULTS = dict(
-    {k: TASK_DEFAULTS[k] for k in ("graph", "S", "T", "alpha", "atoms", "seed", "n", "uniform_mean", "floor")},
+    {k: TASK_DEFAULTS[k] for k in ("graph", "S", "T", "alpha", "prior", "roots", "atoms", "seed", "n", "uniform_mean",
+                                   "floor")},
     beta0=_TRAIN.beta0, lr1=_TRAIN.lr1, steps1=_TRAIN.steps1, lr2=_TRAIN.lr2, steps2=_TRAIN.steps2,
     gradient="auto", stage2="auto", samples=_TRAIN.samples, sample_seed=_TRAIN.sample_seed,
     schedule=_TRAIN.schedule, record_every=_TRAIN.record_every, checkpoint_every=RUN_DEFAULTS["checkpoint_every"],

@@ -1,0 +1,209 @@
+"""The pairing (issue 30 item 4): the full model trained on exact and on sampled gradients, same start, same task.
+
+Three parts (``--parts``), each writing a table to ``pairing_<part>.md``:
+
+* ``batch``: one task (S, T = ``--T-batch``, graph ``random_tree(T, seed=0, root_prob=0.5)``, continuous
+  Dirichlet(α) prior, stationary roots), SGD lr 1 constant from zero, ``--steps`` steps; the exact run
+  and sampled runs at each batch size (``--batch-sizes``) and ``--seeds`` batch seeds. At every record
+  the sampled run's *exact* population loss and positional attention to the parent are compared with
+  the exact run's (both exact: T enumerates): RMS over seeds of the differences, at the end and the
+  largest over records.
+* ``T``: the Figure-9 metric (positional block's mean attention to the parent per graph, mean ± sd over
+  ``--graphs`` graphs ``random_tree(T, seed=g, root_prob=0.5)``) against T, exact for ``--T-exact`` and
+  sampled (batch ``--batch-size``) for ``--T-sampled``, same steps, same graphs family.
+* ``heads``: the two-parent graph (S = 2, T = ``--T-heads``, ``DirichletTensorPrior(2, 2, α)``), heads
+  (2, 1), from ``1e-4·N(0,1)``: exact vs sampled, SGD (lr 1 cosine) and AdamW (lr 1e-2 cosine, wd 1e-4):
+  the heads' difference ``‖Ã^(1)_0 − Ã^(1)_1‖_F`` and the soft/strict split of the positional block.
+
+``--quick`` runs tiny sizes in seconds.
+"""
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+import popgrad as pg
+from popgrad.app.plots import save_figure
+from popgrad.checks import catformer as cc
+from popgrad.checks.theorems import check_head_specialization
+
+from _catformer import write
+from _common import finite_stats, parser
+
+
+def args_of():
+    p = parser(__doc__, "examples_out/catformer_pairing", quick_help="tiny sizes (seconds)")
+    p.add_argument("--parts", default="batch,T,heads")
+    p.add_argument("--S", type=int, default=3)
+    p.add_argument("--alpha", type=float, default=0.1)
+    p.add_argument("--steps", type=int, default=1024)
+    p.add_argument("--T-batch", type=int, default=7)
+    p.add_argument("--batch-sizes", default="64,256,1024")
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--T-exact", default="6,7,8,10")
+    p.add_argument("--T-sampled", default="6,7,8,10,14,20")
+    p.add_argument("--graphs", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--T-heads", type=int, default=8)
+    p.add_argument("--record-every", type=int, default=64)
+    a = p.parse_args()
+    if a.quick:
+        a.steps, a.T_batch, a.batch_sizes, a.seeds, a.T_exact, a.T_sampled, a.graphs, a.T_heads = \
+            16, 5, "16,64", 2, "5", "5,6", 2, 5
+        a.batch_size, a.record_every = 64, 8
+    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    a.parts = a.parts.split(",")
+    a.batch_sizes, a.T_exact, a.T_sampled = ints(a.batch_sizes), ints(a.T_exact), ints(a.T_sampled)
+    return a
+
+
+def sgd_kw(a, **kw):
+    return dict(optimizer="sgd", lr=1.0, lr_schedule="constant", init="zero", record_every=a.record_every, **kw)
+
+
+def mean_pos_attn(task, model, params):
+    nr = [i for i in task.graph.non_roots if i < task.T - 1]
+    return float(np.mean(cc.attention_to_parent_per_position(task.graph, cc.positional_attention(model, params))[0][nr]))
+
+
+def _figure(out, name, xs, ys, xlabel, ylabel, title, logx=False):
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for lab, (x, y) in zip(ys, zip(xs, ys.values())):
+        ax.plot(x, y, "o-", label=lab)
+    if logx:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    save_figure(fig, f"{out}/{name}")
+
+
+def part_batch(a):
+    T = a.T_batch
+    task = pg.Task(pg.random_tree(T, seed=0, root_prob=0.5), pg.DirichletPrior(a.S, a.alpha))
+    model = pg.CatFormer(a.S, T)
+    ex = pg.train_catformer(task, model, a.steps, **sgd_kw(a))
+    ex_attn = np.array([mean_pos_attn(task, model, ex.params(r)) for r in range(len(ex.step))])
+    lines = [f"S = {a.S}, T = {T}, graph {task.graph.to_string()}, continuous Dirichlet({a.alpha:g}) prior, SGD lr 1 "
+             f"constant from zero, {a.steps} steps; sampled runs vs the exact run from the same start; differences "
+             f"of the exact population loss and of the positional block's mean attention to the parent, RMS over "
+             f"{a.seeds} batch seeds (final / largest over records every {a.record_every}).", "",
+             f"Exact run: final loss {ex.loss[-1]:.4f}, mean attention to parent {ex_attn[-1]:.3f}; Bayes "
+             f"{pg.bayes_loss(task):.4f}.", "",
+             "| batch | loss diff: final | max | attn diff: final | max | sampled final attn (mean over seeds) |",
+             "|---|---|---|---|---|---|"]
+    fin_loss, fin_attn = [], []
+    for B in a.batch_sizes:
+        dl, da, fin = [], [], []
+        for s in range(a.seeds):
+            tr = pg.train_catformer(task, model, a.steps, **sgd_kw(a, gradient="sampled", batch_size=B,
+                                                                 sample_seed=s))
+            L = np.array([pg.catformer_loss_and_grad(task, model, tr.params(r)).loss for r in range(len(tr.step))])
+            at = np.array([mean_pos_attn(task, model, tr.params(r)) for r in range(len(tr.step))])
+            dl.append(L - ex.loss)
+            da.append(at - ex_attn)
+            fin.append(at[-1])
+        rl = np.sqrt(np.mean(np.square(dl), axis=0))
+        ra = np.sqrt(np.mean(np.square(da), axis=0))
+        lines.append(f"| {B} | {rl[-1]:.4f} | {rl.max():.4f} | {ra[-1]:.4f} | {ra.max():.4f} | {np.mean(fin):.3f} |")
+        fin_loss.append(rl[-1])
+        fin_attn.append(ra[-1])
+    _figure(a.out, "pairing_batch.png", [a.batch_sizes] * 2, {"loss": fin_loss, "attention to parent": fin_attn},
+            "batch size", "RMS distance to the exact run (final)", f"S = {a.S}, T = {T}, {a.steps} steps", logx=True)
+    lines += ["", f"Reproduce: python examples/catformer_pairing.py --parts batch --S {a.S} --T-batch {T} --steps "
+                  f"{a.steps} --batch-sizes {','.join(map(str, a.batch_sizes))} --seeds {a.seeds}"]
+    return "\n".join(lines)
+
+
+def part_T(a):
+    lines = [f"Figure-9 metric (positional block, mean over non-root positions per graph; mean ± sd over {a.graphs} "
+             f"graphs random_tree(T, seed=g, root_prob=0.5)), S = {a.S}, continuous Dirichlet({a.alpha:g}), SGD lr 1 "
+             f"constant from zero, {a.steps} steps; sampled: batch {a.batch_size}.", "",
+             "| T | gradient | attention to parent: mean ± sd | per graph | final loss − Bayes (exact; mean) | seconds |",
+             "|---|---|---|---|---|---|"]
+    curves = {"exact": ([], []), "sampled": ([], [])}
+    for T in sorted(set(a.T_exact) | set(a.T_sampled)):
+        for grad in ("exact", "sampled"):
+            if T not in (a.T_exact if grad == "exact" else a.T_sampled):
+                continue
+            t0 = time.perf_counter()
+            vals, gaps = [], []
+            for g in range(a.graphs):
+                task = pg.Task(pg.random_tree(T, seed=g, root_prob=0.5), pg.DirichletPrior(a.S, a.alpha))
+                model = pg.CatFormer(a.S, T)
+                kw = sgd_kw(a, gradient="sampled", batch_size=a.batch_size, sample_seed=g) if grad == "sampled" \
+                    else sgd_kw(a)
+                kw["record_every"] = a.steps
+                tr = pg.train_catformer(task, model, a.steps, **kw)
+                nr = [i for i in task.graph.non_roots if i < T - 1]
+                vals.append(mean_pos_attn(task, model, tr.final) if nr else np.nan)
+                print(f"T = {T}, {grad}, graph {g} ({task.graph.to_string()}): attention to parent {vals[-1]:.3f}, "
+                      f"{time.perf_counter() - t0:.0f} s", flush=True)
+                if task.n_sequences <= 3**10:
+                    gaps.append(pg.catformer_loss_and_grad(task, model, tr.final).loss - pg.bayes_loss(task))
+            m, sd = finite_stats(np.array(vals))[:2]
+            gap = f"{np.mean(gaps):.4f}" if gaps else "n/a (T beyond enumeration)"
+            lines.append(f"| {T} | {grad} | {float(m):.3f} ± {float(sd):.3f} | {', '.join(f'{v:.2f}' for v in vals)} | "
+                         f"{gap} | {time.perf_counter() - t0:.0f} |")
+            print(lines[-1], flush=True)
+            curves[grad][0].append(T)
+            curves[grad][1].append(float(m))
+    keep = {k: v for k, v in curves.items() if v[0]}
+    _figure(a.out, "pairing_T.png", [v[0] for v in keep.values()], {k: v[1] for k, v in keep.items()}, "T",
+            "mean attention to parent (positional)", f"S = {a.S}, {a.graphs} graphs, {a.steps} steps")
+    lines += ["", f"Reproduce: python examples/catformer_pairing.py --parts T --S {a.S} --steps {a.steps} --graphs "
+                  f"{a.graphs} --T-exact {','.join(map(str, a.T_exact))} --T-sampled "
+                  f"{','.join(map(str, a.T_sampled))} --batch-size {a.batch_size}"]
+    return "\n".join(lines)
+
+
+def part_heads(a):
+    T = a.T_heads
+    task = pg.MultiParentTask(pg.two_parent(T), pg.DirichletTensorPrior(2, 2, a.alpha))
+    model = pg.CatFormer(2, T, heads=(2, 1))
+    lines = [f"two-parent graph, S = 2, T = {T}, DirichletTensorPrior(2, 2, {a.alpha:g}), heads (2, 1), start "
+             f"1e-4·N(0,1) seed 0, {a.steps} steps; sampled: batch {a.batch_size}, batch seed 0.", "",
+             "| optimizer | gradient | heads' difference: start | end | M[h, slot] (positional, final) | strict split | "
+             "soft split | final loss (exact) |", "|---|---|---|---|---|---|---|---|"]
+    diffs = {}
+    for opt, lr, wd in (("sgd", 1.0, 0.0), ("adamw", 1e-2, 1e-4)):
+        for grad in ("exact", "sampled"):
+            kw = dict(optimizer=opt, lr=lr, lr_schedule="cosine", weight_decay=wd, init=("normal", 1e-4, 0),
+                      record_every=a.steps)
+            if grad == "sampled":
+                kw.update(gradient="sampled", batch_size=a.batch_size, sample_seed=0)
+            tr = pg.train_catformer(task, model, a.steps, **kw)
+            d = cc.heads_difference(np.stack(tr.A[0]))
+            diffs[f"{opt}/{grad}"] = d
+            P = cc.positional_attention(model, tr.final)
+            M = cc.slot_attention(task.graph, P)
+            strict = check_head_specialization(task, tr.final.A[0][:, 2:, 2:])
+            loss = pg.catformer_loss_and_grad(task, model, tr.final).loss
+            lines.append(f"| {opt} | {grad} | {d[0]:.2e} | {d[-1]:.3g} | {np.round(M, 2).tolist()} | "
+                         f"{'yes' if strict.passed else 'no'} ({strict.value:.2f}) | "
+                         f"{'yes' if cc.soft_split(M) else 'no'} | {loss:.4f} |")
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    ax.bar(list(diffs), [v[-1] for v in diffs.values()])
+    ax.set_yscale("log")
+    ax.set_ylabel("heads' difference at the end")
+    save_figure(fig, f"{a.out}/pairing_heads.png")
+    lines += ["", f"Bayes loss {pg.bayes_loss(task):.4f}. Reproduce: python examples/catformer_pairing.py --parts heads "
+                  f"--T-heads {T} --steps {a.steps} --batch-size {a.batch_size}"]
+    return "\n".join(lines)
+
+
+def main():
+    a = args_of()
+    from _common import ensure_out
+    out = a.out = ensure_out(a.out)
+    for part, fn in (("batch", part_batch), ("T", part_T), ("heads", part_heads)):
+        if part in a.parts:
+            write(out, f"pairing_{part}.md", fn(a))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""Read-outs of a trained full model at sizes no enumeration reaches: a held-out sample, with standard errors.
+
+:func:`sampled_readouts` is the sampled counterpart of the exact read-outs of
+:mod:`popgrad.checks.catformer` (issue 30 item 2). Everything computed from
+the held-out sample is labelled ``"kind": "sampled"`` and carries its standard
+error; what is a function of the parameters alone is labelled ``"exact"``:
+
+* ``losses``: the model's loss ``−Σ_c y_c log f_c(s)`` on the sample (soft labels
+  ``y = π(·|s_T)``), the official ``bayes`` estimator's (in-context counts plus
+  ``α``; :func:`popgrad.engine.baselines.official_bayes_predict`, edges only) and,
+  where the task's posterior predictive is known (a continuous prior: from the
+  sufficient statistics; a finite prior with few atoms), the Bayes loss; and the
+  differences model − reference on the same sample (common random numbers, so
+  their SE is much smaller than either loss's);
+* ``positional``: ``softmax(MASK(Ã^(1)_h[S:, S:]))`` and its entry at each position's
+  parent (the official ``many_graphs`` metric; exact, a parameter);
+* ``population``: the population-average layer-1 attention ``E_s[P^h(s)]`` and its
+  entry at each position's parent, each with its SE (sampled);
+* ``induction``: the layer-2 token block margin (exact, a parameter, for the layer-1
+  head that attends most to the parents) and the mass the query's layer-2 attention
+  puts on positions whose parent token equals the query's, against uniform attention
+  (sampled, with SE).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._validation import ArgumentTypeError, as_int
+from ..engine.baselines import official_bayes_predict
+from ..model.catformer import CatFormer, catformer_forward
+from ..task.tasks import MultiParentTask, Task
+from .catformer import _margin, attention_to_parent_per_position, positional_attention
+
+__all__ = ["sampled_readouts", "sampled_loss_estimates", "sampled_catformer_checks", "BAYES_MAX_ATOM_WORK"]
+
+#: A finite prior's posterior predictive over K atoms for n sequences is computed when ``K·n`` is at most this.
+BAYES_MAX_ATOM_WORK = 2**26
+
+
+def _est(x) -> dict:
+    x = np.asarray(x, dtype=np.float64)
+    n = x.shape[0]
+    mean = x.mean(axis=0)
+    se = x.std(axis=0, ddof=1) / math.sqrt(n) if n > 1 else np.full(np.shape(mean), np.nan)
+    if np.ndim(mean) == 0:
+        return {"value": float(mean), "se": float(se), "n": int(n), "kind": "sampled"}
+    return {"value": mean, "se": se, "n": int(n), "kind": "sampled"}
+
+
+def _xent(y, f) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return -np.sum(np.where(y > 0, y * np.log(f), 0.0), axis=1)
+
+
+def _alpha_of(task, alpha):
+    if alpha is not None:
+        return float(alpha)
+    a = getattr(task.prior, "alpha", None)
+    if a is None:
+        raise ValueError("sampled_readouts: give alpha= (the official estimator's pseudo-count) for a prior "
+                         "without an alpha")
+    return float(a)
+
+
+def _bayes_predictive(task, seqs, n):
+    """The task's exact posterior predictive on the rows, or ``(None, reason)``."""
+    if getattr(task, "continuous", False):
+        try:
+            w = task._continuous_rows(np.ascontiguousarray(seqs))
+        except (NotImplementedError, ValueError) as exc:
+            return None, f"not available for this prior ({exc})"
+        w = w[0] if isinstance(w, tuple) else w
+        return w / w.sum(axis=1, keepdims=True), ""
+    K = getattr(task.prior, "K", None)
+    if K is None or K * n > BAYES_MAX_ATOM_WORK or isinstance(task, MultiParentTask):
+        return None, (f"the posterior over K = {K} atoms for n = {n:,} sequences is not computed "
+                      f"(limit K·n <= {BAYES_MAX_ATOM_WORK:,}; multi-parent finite priors: not implemented)")
+    from ..engine.sampled import _listed_atoms
+    from ..task import _weights
+
+    listed = _listed_atoms(task)
+    if listed is None:
+        return None, "the prior's atoms cannot be listed"
+    parents, mu, atoms, prior_w = listed
+    w = np.empty((n, task.S))
+    _weights.rows_weights(np.ascontiguousarray(seqs), parents, mu, atoms, prior_w, w)
+    return w / w.sum(axis=1, keepdims=True), ""
+
+
+def sampled_loss_estimates(task, model, params, sample, alpha=None, bayes=True) -> dict:
+    """The model's and the references' losses on ``sample`` (a :class:`popgrad.Sample`), with SEs.
+
+    Keys ``L_model``, ``L_official_bayes``, ``model_minus_official_bayes``, and, when known (``bayes``),
+    ``L_bayes``, ``model_minus_bayes`` (else a dict with ``value`` None and the ``reason``).
+    """
+    seqs, y = sample.seqs, sample.targets
+    f = catformer_forward(model, params, seqs)[0]
+    lm = _xent(y, f)
+    lo = _xent(y, official_bayes_predict(task.graph, seqs, task.S, _alpha_of(task, alpha)))
+    out = {"L_model": _est(lm), "L_official_bayes": _est(lo), "model_minus_official_bayes": _est(lm - lo)}
+    post, reason = _bayes_predictive(task, seqs, seqs.shape[0]) if bayes else (None, "not requested")
+    if post is None:
+        out["L_bayes"] = {"value": None, "se": None, "n": int(seqs.shape[0]), "kind": "sampled", "reason": reason}
+        out["model_minus_bayes"] = dict(out["L_bayes"])
+    else:
+        lb = _xent(y, post)
+        out["L_bayes"] = _est(lb)
+        out["model_minus_bayes"] = _est(lm - lb)
+    return out
+
+
+def sampled_readouts(task, model, params, n: int = 8192, seed: int = 12345, alpha=None, bayes: bool = True,
+                     chunk: int = 4096) -> dict:
+    """The full model's read-outs on a held-out sample of ``n`` sequences (module docstring).
+
+    Parameters
+    ----------
+    task : Task or MultiParentTask
+        Any size (only ``task.sample`` is used).
+    model : CatFormer
+    params : CatFormerParams
+    n : int
+        Held-out sequences (``>= 2``), drawn with ``task.sample(n, seed)`` (independent of training batches,
+        which use ``SeedSequence([sample_seed, t])``).
+    alpha : float, optional
+        The official estimator's pseudo-count; default the prior's ``alpha``.
+    bayes : bool
+        Compute the task's Bayes loss where known.
+
+    Returns
+    -------
+    dict
+        ``losses`` (:func:`sampled_loss_estimates`), ``positional`` (``matrix (m, T, T)``,
+        ``to_parent (m, T)``; exact), ``population`` (``mean``, ``se`` ``(m, T, T)``; ``to_parent``,
+        ``to_parent_se`` ``(m, T)``; sampled), ``induction`` (``margin``, ``margin_over_max_abs``, exact;
+        ``matching_mass``, ``uniform_mass`` with SEs, sampled), ``n``, ``seed``.
+    """
+    if not isinstance(task, (Task, MultiParentTask)):
+        raise ArgumentTypeError(f"task must be a popgrad.Task or popgrad.MultiParentTask, got {type(task).__name__}")
+    if not isinstance(model, CatFormer):
+        raise ArgumentTypeError(f"model must be a popgrad.CatFormer, got {type(model).__name__}")
+    if (model.S, model.T) != (task.S, task.T):
+        raise ValueError(f"model has S = {model.S}, T = {model.T} but the task has S = {task.S}, T = {task.T}")
+    params = model.check_params(params)
+    n = as_int(n, "n", minimum=2)
+    seed = as_int(seed, "seed", minimum=0)
+    chunk = as_int(chunk, "chunk", minimum=1)
+    sample = task.sample(n, seed)
+    S, T = model.S, model.T
+    graph = task.graph
+    m1 = model.heads[0]
+    # population attention and the layer-2 matching mass, per sequence (chunked forward passes)
+    s1 = np.zeros((m1, T, T))
+    s2 = np.zeros((m1, T, T))
+    multi = isinstance(task, MultiParentTask)
+    par = np.asarray(graph.parents)
+    mass, base = [], []
+    for lo in range(0, n, chunk):
+        seqs = sample.seqs[lo:lo + chunk]
+        probs = catformer_forward(model, params, seqs)[3]
+        P1 = probs[0]  # (b, m1, T, T)
+        s1 += P1.sum(axis=0)
+        s2 += (P1 * P1).sum(axis=0)
+        if not multi and model.n_layers >= 2:
+            nr = np.flatnonzero(par >= 0)
+            last = probs[1][:, 0, T - 1, :]
+            match = np.zeros(last.shape)
+            match[:, nr] = seqs[:, par[nr]] == seqs[:, [T - 1]]
+            mass.append(np.sum(last * match, axis=1))
+            base.append(match.sum(axis=1) / T)
+    mean = s1 / n
+    var = np.maximum(s2 / n - mean**2, 0.0) * n / (n - 1)
+    se = np.sqrt(var / n)
+    pos = positional_attention(model, params)
+    out = {"n": n, "seed": seed, "kind": "sampled",
+           "losses": sampled_loss_estimates(task, model, params, sample, alpha=alpha, bayes=bayes),
+           "positional": {"kind": "exact", "matrix": pos,
+                          "to_parent": attention_to_parent_per_position(graph, pos)},
+           "population": {"kind": "sampled", "mean": mean, "se": se,
+                          "to_parent": attention_to_parent_per_position(graph, mean),
+                          "to_parent_se": _parent_entries_se(graph, se)}}
+    if model.n_layers >= 2 and not multi:
+        d0 = model.dims[0]
+        rows_nr = [int(i) for i in np.flatnonzero(par[: T - 1] >= 0)]
+        h = int(np.argmax([np.mean(mean[k, rows_nr, par[rows_nr]]) for k in range(m1)])) if rows_nr else 0
+        A2 = params.A[1]
+        cols = slice(d0 * (1 + h), d0 * (1 + h) + S)
+        margins = {(g, name): _margin(A2[g, r, cols]) for g in range(A2.shape[0])
+                   for name, r in (("query token", slice(0, S)), (f"head {h} output", cols))}
+        best = max(margins, key=margins.get)
+        scale = float(np.max(np.abs(A2)))
+        mass = np.concatenate(mass)
+        base = np.concatenate(base)
+        out["induction"] = {"layer1_head": h, "best_layer2_head": int(best[0]), "best_rows": best[1],
+                            "margin": margins[best], "kind_margin": "exact",
+                            "margin_over_max_abs": margins[best] / scale if scale > 0 else 0.0,
+                            "passes": bool(margins[best] > 0),
+                            "matching_mass": _est(mass), "uniform_mass": _est(base),
+                            "matching_minus_uniform": _est(mass - base)}
+    return out
+
+
+def _parent_entries_se(graph, se):
+    """The SE of ``P[h, i, p(i)]`` (single parent); for k parents the SE at the parent that
+    :func:`attention_to_parent_per_position` would pick is not tracked: NaN."""
+    par = np.asarray(graph.parents)
+    out = np.full(se.shape[:2], np.nan)
+    if par.ndim == 1:
+        nr = np.asarray(graph.non_roots)
+        out[:, nr] = se[:, nr, par[nr]]
+    return out
+
+
+def sampled_catformer_checks(task, model, params, readouts) -> list:
+    """The three full-model checks from :func:`sampled_readouts` (a size no enumeration reaches).
+
+    ``catformer_graph_recovery`` (single parent): the fraction of non-root rows ``i < T-1`` whose sampled
+    population-average attention has its argmax at ``p(i)`` (kind ``"sampled"``; details: the attention to
+    the parent with its SE, the positional block's (exact)). ``head_specialization`` (k parents):
+    :func:`popgrad.checks.check_head_specialization` on the sampled population attention (``"sampled"``).
+    ``induction_head``: the margin of the layer-2 token block (exact: a parameter) with the sampled
+    matching mass in the details.
+    """
+    from .results import CheckResult, not_applicable
+    from .theorems import check_head_specialization
+
+    graph = task.graph
+    T = task.T
+    mean = readouts["population"]["mean"]
+    n = readouts["n"]
+    out = []
+    st = "layer 1 of the full model attends to each position's parent (argmax of the population attention)"
+    if isinstance(task, MultiParentTask):
+        out.append(not_applicable("catformer_graph_recovery", st, "k-parent task: see head_specialization"))
+    else:
+        nr = [int(i) for i in graph.non_roots if i < T - 1]
+        if not nr:
+            out.append(not_applicable("catformer_graph_recovery", st, "the graph has no non-root position"))
+        else:
+            to_par = readouts["population"]["to_parent"]
+            h = int(np.argmax(np.nanmean(to_par[:, nr], axis=1)))
+            par = graph.parents
+            hits = [i for i in nr if int(np.argmax(mean[h, i, : i + 1])) == par[i]]
+            pos = readouts["positional"]["to_parent"]
+            details = {"head": h, "n": n, "seed": readouts["seed"],
+                       "attention_to_parent": {i: float(to_par[h, i]) for i in nr},
+                       "attention_to_parent_se": {i: float(readouts["population"]["to_parent_se"][h, i]) for i in nr},
+                       "mean_attention_to_parent": float(np.mean(to_par[h, nr])),
+                       "positional_block_attention_to_parent": {i: float(pos[h, i]) for i in nr},
+                       "positional_block_mean_attention_to_parent": float(np.mean(pos[h, nr])),
+                       "positional_block_kind": "exact",
+                       "rows_with_argmax_not_parent": [i for i in nr if i not in hits]}
+            value = len(hits) / len(nr)
+            out.append(CheckResult("catformer_graph_recovery", float(value), 1.0, value >= 1.0, ">=", st, details,
+                                   kind="sampled"))
+    st = ("each layer-1 head of the full model attends to one parent slot (population attention), and the heads "
+          "split the k slots one-to-one")
+    if not isinstance(task, MultiParentTask):
+        out.append(not_applicable("head_specialization", st, "single-parent task"))
+    elif model.heads[0] != task.k:
+        out.append(not_applicable("head_specialization", st, f"layer 1 has {model.heads[0]} heads for k = {task.k} "
+                                                             "parents"))
+    else:
+        low = np.tri(T, dtype=bool)
+        logits = np.where(low, np.log(np.maximum(mean, np.finfo(float).tiny)), 0.0)
+        res = check_head_specialization(task, logits)
+        out.append(res._replace(statement=st, kind="sampled",
+                                details={**res.details, "attention": f"population average, sampled (n = {n})"}))
+    st = ("layer 2 is an induction head: in its token-token block (query's parent token x the parent token layer 1 "
+          "copied into the key) every query token scores its own token highest")
+    ind = readouts.get("induction")
+    if model.n_layers < 2:
+        out.append(not_applicable("induction_head", st, "the model has one layer"))
+    elif ind is None:
+        out.append(not_applicable("induction_head", st, "k-parent task: the sampled read-out covers single parents"))
+    else:
+        v = float(ind["margin_over_max_abs"])
+        details = {k: ind[k] for k in ("layer1_head", "best_layer2_head", "best_rows", "margin")}
+        details.update({"margin_kind": "exact (a parameter); the layer-1 head is chosen on the sampled attention",
+                        "query_attention_on_matching_parent_tokens": ind["matching_mass"],
+                        "same_under_uniform_attention": ind["uniform_mass"]})
+        out.append(CheckResult("induction_head", v, 0.0, v > 0, ">", st, details))
+    return out
