@@ -223,7 +223,7 @@ def sampled_catformer_checks(task, model, params, readouts) -> list:
     ``induction_head``: the margin of the layer-2 token block (exact: a parameter) with the sampled
     matching mass in the details.
     """
-    from .results import CheckResult, not_applicable
+    from .results import ATTENTION_LIFT, CheckResult, attention_lift, inconclusive, not_applicable
     from .theorems import check_head_specialization
 
     graph = task.graph
@@ -231,7 +231,8 @@ def sampled_catformer_checks(task, model, params, readouts) -> list:
     mean = readouts["population"]["mean"]
     n = readouts["n"]
     out = []
-    st = "layer 1 of the full model attends to each position's parent (argmax of the population attention)"
+    st = ("layer 1 of the full model attends to each position's parent, at least halfway from uniform attention "
+          "to Knowl 8's construction (population average, sampled, and positional block)")
     if isinstance(task, MultiParentTask):
         out.append(not_applicable("catformer_graph_recovery", st, "k-parent task: see head_specialization"))
     else:
@@ -244,17 +245,35 @@ def sampled_catformer_checks(task, model, params, readouts) -> list:
             par = graph.parents
             hits = [i for i in nr if int(np.argmax(mean[h, i, : i + 1])) == par[i]]
             pos = readouts["positional"]["to_parent"]
+            se = np.array([float(readouts["population"]["to_parent_se"][h, i]) for i in nr])
+            u = np.array([1.0 / (i + 1) for i in nr])
+            lift_pop = attention_lift(to_par[h, nr], u)  # the exact check's rule (issue 27), on the sample
+            lift_pos = attention_lift(pos[h, nr], u)
+            value = float(min(lift_pop.min(), lift_pos.min()))
+            j = int(np.argmin(lift_pop))
+            se_value = float(se[j] / (1.0 - u[j])) if lift_pop[j] <= lift_pos.min() else 0.0
             details = {"head": h, "n": n, "seed": readouts["seed"],
                        "attention_to_parent": {i: float(to_par[h, i]) for i in nr},
-                       "attention_to_parent_se": {i: float(readouts["population"]["to_parent_se"][h, i]) for i in nr},
+                       "attention_to_parent_se": {i: float(v) for i, v in zip(nr, se)},
                        "mean_attention_to_parent": float(np.mean(to_par[h, nr])),
                        "positional_block_attention_to_parent": {i: float(pos[h, i]) for i in nr},
                        "positional_block_mean_attention_to_parent": float(np.mean(pos[h, nr])),
                        "positional_block_kind": "exact",
-                       "rows_with_argmax_not_parent": [i for i in nr if i not in hits]}
-            value = len(hits) / len(nr)
-            out.append(CheckResult("catformer_graph_recovery", float(value), 1.0, value >= 1.0, ">=", st, details,
-                                   kind="sampled"))
+                       "lift_population": {i: float(v) for i, v in zip(nr, lift_pop)},
+                       "lift_positional_block": {i: float(v) for i, v in zip(nr, lift_pos)},
+                       "value_se": se_value,
+                       "rows_with_argmax_not_parent": [i for i in nr if i not in hits],
+                       "rule": (f"passes when min_i (a_i - 1/(i+1)) / (1 - 1/(i+1)) >= {ATTENTION_LIFT:g} for the "
+                                "sampled population attention and the exact positional block, and every argmax is "
+                                "the parent; sampled: decided only when the value is more than 2 SE from the "
+                                "threshold")}
+            passed = value >= ATTENTION_LIFT and len(hits) == len(nr)
+            res = CheckResult("catformer_graph_recovery", value, ATTENTION_LIFT, passed, ">=", st, details,
+                              kind="sampled")
+            if abs(value - ATTENTION_LIFT) <= 2 * se_value and (len(hits) == len(nr)):
+                res = inconclusive(res, f"sampled: the lift {value:.3g} is within 2 SE ({se_value:.2g}) of the "
+                                        f"threshold {ATTENTION_LIFT:g}: raise n")
+            out.append(res)
     st = ("each layer-1 head of the full model attends to one parent slot (population attention), and the heads "
           "split the k slots one-to-one")
     if not isinstance(task, MultiParentTask):
@@ -281,5 +300,12 @@ def sampled_catformer_checks(task, model, params, readouts) -> list:
         details.update({"margin_kind": "exact (a parameter); the layer-1 head is chosen on the sampled attention",
                         "query_attention_on_matching_parent_tokens": ind["matching_mass"],
                         "same_under_uniform_attention": ind["uniform_mass"]})
-        out.append(CheckResult("induction_head", v, 0.0, v > 0, ">", st, details))
+        # issue 27: a token-block margin > 0 is reached within a few steps of a uniform start, so it is no
+        # evidence of an induction head; the lift rule of the exact check needs the construction's mass m*,
+        # which the sampled read-out does not have: reported, never decided
+        res = CheckResult("induction_head", v, ATTENTION_LIFT, False, ">=", st, details)
+        out.append(inconclusive(res, "sampled: the layer-2 token-block margin (shown) is no evidence of an "
+                                     "induction head, and the lift rule of the exact check needs the construction's "
+                                     "matching mass; decide it with the exact check (--gradient exact) where S**T "
+                                     "enumerates"))
     return out

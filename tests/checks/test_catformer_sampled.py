@@ -38,7 +38,7 @@ def test_exact_parts_equal_the_exact_readouts(setup):
     task, model, params, ro = setup
     np.testing.assert_array_equal(ro["positional"]["matrix"], cc.positional_attention(model, params))
     ind = cc.check_induction_head(task, model, params)
-    assert ro["induction"]["margin"] == pytest.approx(ind.details["slots"][0]["margin"], abs=0)
+    assert any(ro["induction"]["margin"] == v for v in ind.details["token_block_margins"].values())
     mm = ro["induction"]["matching_mass"]
     assert abs(mm["value"] - ind.details["query_attention_on_matching_parent_tokens"]) < 5 * mm["se"]
 
@@ -50,7 +50,7 @@ def test_sampled_checks_are_labelled(setup):
     assert res["catformer_graph_recovery"].kind == "sampled"
     assert res["catformer_graph_recovery"].value == exact.value  # argmaxes are far apart at this size
     assert res["head_specialization"].status == "not_applicable"
-    assert res["induction_head"].kind == "exact"
+    assert res["induction_head"].kind == "exact" and res["induction_head"].status == "inconclusive"
 
 
 def test_bad_arguments():
