@@ -1,4 +1,7 @@
-"""Figure 2 at the official size: S = 10, T = 20, chain / icl / official random graph, sampled SGD.
+"""Full model: Figure 2 at the official size
+=========================================
+
+Figure 2 at the official size: S = 10, T = 20, chain / icl / official random graph, sampled SGD.
 
 The official ``single_parent.py``: the continuous Dirichlet(α = 0.1) prior with stationary roots
 (``InContextTree``), heads (1, 1) from zero, SGD lr 1 with ``optax.cosine_decay_schedule(1, 2^17)``, no

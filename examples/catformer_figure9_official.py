@@ -1,4 +1,7 @@
-"""Figure 9 at the official size: S = 3, T = 20, 20 graphs, sampled SGD, attention to the parent per position.
+"""Full model: Figure 9 at the official size
+=========================================
+
+Figure 9 at the official size: S = 3, T = 20, 20 graphs, sampled SGD, attention to the parent per position.
 
 The official ``many_graphs.ipynb``: 20 graphs of ``get_random_DAG(p=0.5)`` (each position 1..T-2 has a
 parent with probability 1/2, uniform over the earlier positions: ``popgrad.random_tree(T, seed=g,

@@ -1,4 +1,7 @@
-"""Prior identification (issue 28 item 6): the full model's final loss against the count estimator and the
+"""Full model: prior identification
+================================
+
+Prior identification (issue 28 item 6): the full model's final loss against the count estimator and the
 Bayes loss, under 48 atoms, 3000 atoms and the continuous prior, S = 3, T = 7, the same graphs.
 
 A finite prior of K matrices can be *recognised* from the context; the full model can then beat the

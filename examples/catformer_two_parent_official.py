@@ -1,4 +1,7 @@
-"""Figures 5 / 7 at the official size: S = 5, T = 32, the two-parent graph, heads (2, 1), sampled AdamW.
+"""Full model: Figures 5 / 7 at the official size
+==============================================
+
+Figures 5 / 7 at the official size: S = 5, T = 32, the two-parent graph, heads (2, 1), sampled AdamW.
 
 The official ``multi_parent.ipynb``: parents ``[(i-1)//2, i-1]`` (``popgrad.two_parent(T)``), the
 continuous prior of ``InContextDAG`` (each of the S^2 rows of the transition tensor Dirichlet(α = 0.1),
