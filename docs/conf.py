@@ -30,7 +30,7 @@ extensions = [
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
 templates_path = ["_templates"]
-exclude_patterns = ["_build", "auto_examples/*.ipynb", "auto_examples/*.py", "auto_examples/*.zip",
+exclude_patterns = ["_build", "results", "auto_examples/*.ipynb", "auto_examples/*.py", "auto_examples/*.zip",
                     "auto_examples/*.json", "**.codeobj.json"]
 
 # ---- API reference (api.rst is generated from popgrad.__all__ by popgrad_docs) -----------------------

