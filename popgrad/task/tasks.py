@@ -2,7 +2,10 @@
 
 :class:`Task` (single-parent graph, finite prior over transition matrices) and
 :class:`MultiParentTask` (k-parent graph, prior over transition tensors) share
-:class:`ExactTask`: sizes, the size guard, chunked enumeration, the fingerprint.
+:class:`ExactTask`: sizes, the size guard, chunked enumeration, the fingerprint, and (from
+:class:`popgrad.task.table.WeightTable`) the weight table. The draws of ``task.sample`` are in
+:mod:`popgrad.task.sampling`; the NumPy references of the weights and the sequence decoder in
+:mod:`popgrad.task.reference`.
 
 Given ``π``: roots other than the query draw ``s_i ~ μ_π``; a non-root draws
 ``s_i ~ π(· | s_{p(i)})``; the query draws ``s_{T-1} ~ Unif([S])``; the
@@ -23,17 +26,21 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Iterator, NamedTuple
+from typing import Iterator
 
 import numpy as np
 
 from .._validation import ArgumentTypeError, as_int, as_rng, count_text
 from . import _weights
+from . import dirichlet as _dirichlet
+from . import sampling as _sampling
+from .dirichlet import DirichletPrior, DirichletTensorPrior, is_continuous
 from .graphs import CausalGraph
 from .multigraphs import MultiParentGraph
-from . import dirichlet as _dirichlet
-from .dirichlet import DirichletPrior, DirichletTensorPrior, WeightAccuracy, is_continuous
 from .priors import MAX_CLOSURE_ATOMS, FinitePrior
+from .reference import decode_sequences, parent_rows, sequence_weights_multi_numpy, sequence_weights_numpy
+from .sampling import Sample
+from .table import TABLE_BUDGET_BYTES, TABLE_CHUNK, WeightTable, _merge_accuracy  # noqa: F401  (old import path)
 from .tensor_priors import TensorPrior
 
 __all__ = [
@@ -46,37 +53,14 @@ __all__ = [
 DEFAULT_MAX_SEQUENCES = 2**25
 #: Nominal throughput used to estimate enumeration time in error messages.
 _NOMINAL_SEQ_PER_S = 1e7
-#: Largest weight table (with its sequences) a task keeps in memory; past it the table is recomputed in
-#: chunks of ``TABLE_CHUNK`` sequences whenever it is read.
-TABLE_BUDGET_BYTES = 512 * 2**20
-#: Sequences per chunk when a table is computed (or streamed past the budget).
-TABLE_CHUNK = 2**16
 
 
 class TaskTooLargeError(ValueError):
     """Raised when exact enumeration of ``S**T`` sequences exceeds the limit."""
 
 
-class Sample(NamedTuple):
-    """Monte-Carlo draws from the task's generative process.
-
-    Attributes
-    ----------
-    seqs : ndarray of int64, shape (n, T)
-        Sampled sequences (query token last).
-    targets : ndarray of float64, shape (n, S)
-        The soft label ``π(· | s_{T-1})`` of each draw's transition matrix.
-    atoms : ndarray of int64, shape (n,)
-        Index of the prior atom each draw used.
-    """
-
-    seqs: np.ndarray
-    targets: np.ndarray
-    atoms: np.ndarray
-
-
-class ExactTask:
-    """What every enumerable task shares: sizes, the size guard, chunked enumeration.
+class ExactTask(WeightTable):
+    """What every enumerable task shares: sizes, the size guard, chunked enumeration, the weight table.
 
     Subclasses (:class:`Task`, :class:`popgrad.MultiParentTask`)
     set ``_graph``, ``_prior`` and ``_max_sequences`` through
@@ -250,83 +234,6 @@ class ExactTask:
             "use a computation that reads the task's weight table (the exact engines, the references, "
             "task.enumerate) or a finite stand-in (popgrad.dirichlet_prior(S, alpha, n_atoms, seed))")
 
-    # ----------------------------------------------------------- the weight table (DESIGN §20)
-    def _table_rows(self, start, stop):
-        """``(w (n, S), WeightAccuracy)`` for sequences ``start … stop-1``, computed (never cached)."""
-        S, T = self.S, self.T
-        if self.continuous:
-            return self._continuous_rows(decode_sequences(start, stop, S, T))
-        seqs = np.empty((stop - start, T), dtype=np.int64)
-        w = np.empty((stop - start, S), dtype=np.float64)
-        self._fill_chunk(start, self.kernel_arrays(), seqs, w)
-        return w, WeightAccuracy(True, 0.0, "sum over the finite prior's atoms")
-
-    def _continuous_rows(self, seqs):
-        raise NotImplementedError
-
-    @property
-    def table_cached(self) -> bool:
-        """Whether :meth:`weight_table` fits in :data:`TABLE_BUDGET_BYTES` (then it is computed once and kept)."""
-        return self.n_sequences * (self.S + self.T) * 8 <= TABLE_BUDGET_BYTES
-
-    def weight_table(self) -> np.ndarray:
-        """``w[m, c] = w(s_m, c)`` for every sequence in enumeration order, ``(S**T, S)`` float64, read-only.
-
-        Computed once per task and kept (when it fits in :data:`TABLE_BUDGET_BYTES`; otherwise
-        ``ValueError``: read it in chunks with :meth:`weight_rows`). For a continuous prior the weights come
-        from the sufficient statistics (DESIGN §20; :attr:`weight_accuracy` says how exact they are); for a
-        finite prior they are the per-atom sums of DESIGN §2.
-        """
-        self.check_size()
-        if self._table is None:
-            if not self.table_cached:
-                raise ValueError(
-                    f"the weight table of S**T = {self.n_sequences:,} sequences needs more than "
-                    f"{TABLE_BUDGET_BYTES / 2**20:.0f} MB: read it in chunks with task.weight_rows(start, stop)")
-            n = self.n_sequences
-            w = np.empty((n, self.S))
-            acc = []
-            chunk = 2**20 if self.continuous else TABLE_CHUNK  # continuous: fewer repeated statistics
-            for start in range(0, n, chunk):
-                stop = min(n, start + chunk)
-                w[start:stop], a = self._table_rows(start, stop)
-                acc.append(a)
-            w.setflags(write=False)
-            self._accuracy = _merge_accuracy(acc)
-            self._table = w
-        return self._table
-
-    def weight_rows(self, start: int, stop: int) -> np.ndarray:
-        """Rows ``start … stop-1`` of :meth:`weight_table` (from the kept table, or computed past the budget)."""
-        if self.table_cached:
-            return self.weight_table()[start:stop]
-        w, a = self._table_rows(start, stop)
-        self._accuracy = a if self._accuracy is None else _merge_accuracy([self._accuracy, a])
-        return w
-
-    @property
-    def weight_accuracy(self) -> WeightAccuracy:
-        """How exact the weights are (:class:`popgrad.task.dirichlet.WeightAccuracy`): exact to rounding for a
-        finite prior and for uniform roots; a quadrature bound for stationary roots (computes the table)."""
-        if self._accuracy is None:
-            if not self.continuous:
-                return WeightAccuracy(True, 0.0, "sum over the finite prior's atoms")
-            if self._prior.roots == "uniform":
-                return WeightAccuracy(True, 0.0, "Dirichlet-multinomial closed form")
-            if self.table_cached:
-                self.weight_table()
-            else:
-                for start in range(0, self.n_sequences, TABLE_CHUNK):
-                    self.weight_rows(start, min(self.n_sequences, start + TABLE_CHUNK))
-        return self._accuracy
-
-    def _weights_summary(self) -> str:
-        if not self.continuous:
-            return ""
-        if not self.enumerable:
-            return "\n  weights: not computed (S**T beyond the enumeration limit)"
-        return "\n  " + self.weight_accuracy.summary()
-
     def all_sequences(self):
         """``(seqs, w)`` for every sequence in one pair of arrays (small tasks)."""
         return next(iter(self.enumerate(chunk_size=max(1, self.n_sequences))))
@@ -399,76 +306,11 @@ class Task(ExactTask):
         """
         n = as_int(n, "n", minimum=1)
         rng = as_rng(seed, "seed")
-        prior = self._prior
-        S, T = self.S, self.T
-        parents = self._graph.parents
         if self.continuous:
-            return self._sample_continuous(n, rng)
-        if prior.implicit_closure and prior.K > MAX_CLOSURE_ATOMS:
-            return self._sample_relabeled(n, rng)
-        atoms, weights = prior.expand()
-        k = rng.choice(prior.K, size=n, p=weights)
-        seqs = np.empty((n, T), dtype=np.int64)
-        mu_cdf = np.cumsum(prior.stationary, axis=1)
-        pi_cdf = np.cumsum(atoms, axis=2)
-        for i in range(T - 1):
-            u = rng.random(n)[:, None]
-            cdf = mu_cdf[k] if parents[i] < 0 else pi_cdf[k, seqs[:, parents[i]]]
-            seqs[:, i] = np.minimum((u >= cdf).sum(axis=1), S - 1)
-        seqs[:, T - 1] = rng.integers(0, S, size=n)
-        targets = atoms[k, seqs[:, T - 1]]
-        return Sample(seqs, targets, k.astype(np.int64))
-
-    def _sample_continuous(self, n, rng) -> Sample:
-        """:meth:`sample` for a :class:`popgrad.DirichletPrior`: a fresh ``π`` per sequence (rows
-        ``Dirichlet(α1)``), non-query roots from ``μ_π`` (GTH) or uniform, the query uniform, the soft label
-        ``π(· | s_{T-1})``. ``atoms`` is ``-1`` (no atom)."""
-        S, T = self.S, self.T
-        parents = self._graph.parents
-        pis = self._prior.draw(n, rng)
-        rows = np.arange(n)
-        if self._prior.roots == "stationary":
-            mu_cdf = np.cumsum(_dirichlet._gth_batch(pis), axis=1)
-        else:
-            mu_cdf = np.broadcast_to(np.arange(1, S + 1) / S, (n, S))
-        pi_cdf = np.cumsum(pis, axis=2)
-        seqs = np.empty((n, T), dtype=np.int64)
-        for i in range(T - 1):
-            u = rng.random(n)[:, None]
-            cdf = mu_cdf if parents[i] < 0 else pi_cdf[rows, seqs[:, parents[i]]]
-            seqs[:, i] = np.minimum((u >= cdf).sum(axis=1), S - 1)
-        seqs[:, T - 1] = rng.integers(0, S, size=n)
-        return Sample(seqs, pis[rows, seqs[:, T - 1]], np.full(n, -1, dtype=np.int64))
-
-    def _sample_relabeled(self, n, rng) -> Sample:
-        """:meth:`sample` for an implicit relabeling closure too large to list (``K_base · S!`` atoms).
-
-        A draw picks a base atom ``b`` (base weights) and a uniform relabeling
-        ``σ``: the atom ``π^σ`` (``π^σ(σy | σx) = π_b(y | x)``, ``μ^σ(σx) = μ_b(x)``).
-        The sequence is drawn from ``π_b`` and its tokens are mapped through ``σ``
-        (the image of the ``π_b`` process under ``σ`` is the ``π^σ`` process; the
-        query stays uniform); the label is ``π^σ(c | q) = π_b(σ⁻¹c | σ⁻¹q)``.
-        ``atoms`` holds ``b · S! + rank(σ)``, the atom's index in the order of
-        :func:`popgrad.relabel_closure`.
-        """
-        base = self._prior.base
-        S, T = self.S, self.T
-        parents = self._graph.parents
-        b = rng.choice(base.K, size=n, p=base.weights)
-        sigma = rng.permuted(np.tile(np.arange(S), (n, 1)), axis=1)
-        inv = np.argsort(sigma, axis=1)
-        raw = np.empty((n, T), dtype=np.int64)
-        mu_cdf = np.cumsum(base.stationary, axis=1)
-        pi_cdf = np.cumsum(base.atoms, axis=2)
-        for i in range(T - 1):
-            u = rng.random(n)[:, None]
-            cdf = mu_cdf[b] if parents[i] < 0 else pi_cdf[b, raw[:, parents[i]]]
-            raw[:, i] = np.minimum((u >= cdf).sum(axis=1), S - 1)
-        q = rng.integers(0, S, size=n)
-        raw[:, T - 1] = np.take_along_axis(inv, q[:, None], axis=1)[:, 0]  # σ⁻¹q: the query stays uniform
-        seqs = np.take_along_axis(sigma, raw, axis=1)
-        targets = np.take_along_axis(base.atoms[b, raw[:, T - 1]], inv, axis=1)
-        return Sample(seqs, targets, b.astype(np.int64) * math.factorial(S) + _perm_rank(sigma))
+            return _sampling.sample_continuous(self, n, rng)
+        if self._prior.implicit_closure and self._prior.K > MAX_CLOSURE_ATOMS:
+            return _sampling.sample_relabeled(self, n, rng)
+        return _sampling.sample_single(self, n, rng)
 
     # --------------------------------------------------------------- summary
     def summary(self) -> str:
@@ -478,90 +320,6 @@ class Task(ExactTask):
             f"(limit {self._max_sequences:,})\n{self._graph.summary()}\n{self._prior.summary()}"
             + self._weights_summary()
         )
-
-
-def _perm_rank(perms) -> np.ndarray:
-    """Lexicographic rank of each row of ``perms`` (``(n, S)`` permutations) among all ``S!`` (Lehmer code)."""
-    perms = np.asarray(perms)
-    n, S = perms.shape
-    rank = np.zeros(n, dtype=np.int64)
-    for i in range(S):
-        smaller_after = (perms[:, i + 1:] < perms[:, i:i + 1]).sum(axis=1)
-        rank += smaller_after * math.factorial(S - 1 - i)
-    return rank
-
-
-def decode_sequences(start: int, stop: int, S: int, T: int) -> np.ndarray:
-    """Sequences number ``start .. stop-1`` of the enumeration order, shape ``(stop-start, T)``, int64.
-
-    The NumPy form of the one decoder (:func:`popgrad.task._weights.decode_sequence`):
-    sequence ``m`` is the base-``S`` numeral ``s_0 … s_{T-1}``, position 0 most significant.
-    """
-    powers = S ** np.arange(T - 1, -1, -1, dtype=np.int64)
-    return (np.arange(start, stop, dtype=np.int64)[:, None] // powers) % S
-
-
-def sequence_weights_numpy(seqs, parents, mu, atoms, prior_w) -> np.ndarray:
-    """NumPy reference for the exact weights ``w(s, c)`` of given sequences.
-
-    Parameters
-    ----------
-    seqs : int array (n, T)
-    parents : int array (T,)
-    mu : float64 (K, S)
-    atoms : float64 (K, S, S)
-    prior_w : float64 (K,)
-
-    Returns
-    -------
-    w : float64 (n, S)
-    """
-    seqs = np.asarray(seqs)
-    K, S, _ = atoms.shape
-    n, T = seqs.shape
-    p = np.tile((prior_w / S)[:, None], (1, n))  # (K, n)
-    for i in range(T - 1):
-        par = parents[i]
-        if par < 0:
-            p = p * mu[:, seqs[:, i]]
-        else:
-            p = p * atoms[:, seqs[:, par], seqs[:, i]]
-    return np.einsum("kn,knc->nc", p, atoms[:, seqs[:, T - 1], :])
-
-
-# ===================================================== k-parent task (DESIGN §9)
-# ===================================================================== task
-def parent_rows(seqs, parent_positions, S) -> np.ndarray:
-    """Flat row index ``r = Σ_h s[p_h] S^{k-1-h}`` of given parent positions, shape ``(n,)``."""
-    powers = S ** np.arange(len(parent_positions) - 1, -1, -1, dtype=np.int64)
-    return np.asarray(seqs)[:, np.asarray(parent_positions)] @ powers
-
-
-def sequence_weights_multi_numpy(seqs, parents, target_parents, atoms, prior_w) -> np.ndarray:
-    """NumPy reference for ``w(s, c)`` of the multi-parent process (module docstring).
-
-    Parameters
-    ----------
-    seqs : int array (n, T)
-    parents : int array (T, k)
-    target_parents : int array (k,)
-    atoms : float64 (K, S**k, S)
-    prior_w : float64 (K,)
-
-    Returns
-    -------
-    w : float64 (n, S)
-    """
-    seqs = np.asarray(seqs)
-    K, _, S = atoms.shape
-    n, T = seqs.shape
-    n_roots = int(np.sum(parents[:, 0] < 0))
-    p = np.tile((prior_w * float(S) ** -n_roots)[:, None], (1, n))  # (K, n)
-    for i in range(T):
-        if parents[i, 0] >= 0:
-            p = p * atoms[:, parent_rows(seqs, parents[i], S), seqs[:, i]]
-    rt = parent_rows(seqs, target_parents, S)
-    return np.einsum("kn,knc->nc", p, atoms[:, rt, :])
 
 
 class MultiParentTask(ExactTask):
@@ -642,28 +400,7 @@ class MultiParentTask(ExactTask):
 
         Returns a :class:`popgrad.Sample` with ``targets[m] = π(· | s_tp)``.
         """
-        n = as_int(n, "n", minimum=1)
-        rng = as_rng(seed, "seed")
-        prior, S, T = self._prior, self.S, self.T
-        parents = self._graph.parents
-        if self.continuous:  # a fresh π per sequence
-            tabs = prior.draw(n, rng)
-            m = np.arange(n)
-            cdf = np.cumsum(tabs, axis=2)
-        else:
-            tabs = prior.atoms
-            m = rng.choice(prior.K, size=n, p=prior.weights)
-            cdf = np.cumsum(prior.atoms, axis=2)
-        seqs = np.empty((n, T), dtype=np.int64)
-        for i in range(T):
-            u = rng.random(n)[:, None]
-            if parents[i, 0] < 0:
-                seqs[:, i] = np.minimum((u * S).astype(np.int64)[:, 0], S - 1)
-            else:
-                rows = parent_rows(seqs, parents[i], S)
-                seqs[:, i] = np.minimum((u >= cdf[m, rows]).sum(axis=1), S - 1)
-        targets = tabs[m, parent_rows(seqs, self._graph.target_parents, S)]
-        return Sample(seqs, targets, np.full(n, -1, dtype=np.int64) if self.continuous else m.astype(np.int64))
+        return _sampling.sample_multi(self, as_int(n, "n", minimum=1), as_rng(seed, "seed"))
 
     def summary(self) -> str:
         """Graph, prior diagnostics, sizes."""
@@ -672,12 +409,6 @@ class MultiParentTask(ExactTask):
             f"(limit {self._max_sequences:,})\n{self._graph.summary()}\n{self._prior.summary()}"
             + self._weights_summary()
         )
-
-
-def _merge_accuracy(parts) -> WeightAccuracy:
-    """One :class:`WeightAccuracy` for a table computed in chunks (the worst bound)."""
-    return WeightAccuracy(all(a.exact for a in parts), max((a.bound for a in parts), default=0.0),
-                          parts[0].method if parts else "", any(a.statistical for a in parts))
 
 
 # ------------------------------------------------------------ the task validator
