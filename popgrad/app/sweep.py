@@ -75,7 +75,7 @@ failed. Every cell appears exactly once in ``results.csv``. CLI exit status:
 behind is removed). ``DIR`` is locked for the sweep (:class:`popgrad._io.FolderLock`).
 
 Sizes: more than :data:`MAX_CELLS` cells, or ``--workers`` above
-:data:`MAX_WORKERS_PER_CORE` times the cores, is refused in one line.
+:data:`popgrad.app.sweep_cluster.MAX_WORKERS_PER_CORE` times the cores, is refused in one line.
 
 Cluster: ``--scheduler tcp://host:8786`` (``client=`` in Python) uses an
 existing cluster; ``DIR`` must then be at the same path on every worker (a
@@ -93,44 +93,35 @@ same way: ``NUMBA_NUM_THREADS=1 dask worker tcp://host:8786 --nthreads 1``.
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
-import logging
 import math
 import os
 import platform
-import signal
 import sys
 import time
 import traceback
-import warnings
 from collections.abc import Mapping
 
-from .._io import FolderLock, atomic_path, atomic_write_text, check_output_dir, clear_stale
-from .._signals import Terminated, say, shield_children, sigint_seen
+from .._io import FolderLock, atomic_write_text, check_output_dir, clear_stale
+from .._signals import Terminated, say, sigint_seen
 from . import jobs
-from .config import ARG_SPECS, DEFAULTS, CLIError, CLITypeError, checked, load_toml, merge, settle
+from .config import ARG_SPECS, CLIError, CLITypeError, checked, load_toml, merge, settle
 from .scheduler import check_scheduler_address, connect_scheduler
 from .report import versions
+from .sweep_cluster import (CLOSE_TIMEOUT_INTERRUPTED, MAX_WORKERS_PER_CORE, _check_client,  # noqa: F401
+                            _close, _dashboard, _start_client, _stop_workers_now, check_workers)
+from .sweep_results import (CELL_FACTS, CONFIG_KEYS, FIRST_COLUMNS, MODEL_COLUMN_KEYS, REPORT_KEYS,  # noqa: F401
+                            _frame, _scalar, cached_report, cached_row, cell_id, summary_row, write_csv_atomic)
 
 __all__ = ["sweep", "load_spec", "expand", "cell_id", "run_cell", "summary_row", "main_sweep", "cached_row",
            "check_workers", "MAX_CELLS"]
 
 SECTIONS = ("fixed", "axes", "cells")
 NOT_IN_SWEEP = ("out", "resume")
-CONFIG_KEYS = tuple(k for k in DEFAULTS if k != "out")
-#: Keys every row has even when a cell's config leaves them out.
-MODEL_COLUMN_KEYS = ("model",)
-#: Per-cell facts of the run that the report does not hold, kept beside it so a resumed row has them too.
-CELL_FACTS = "cell.json"
-REPORT_KEYS = ("config", "versions", "task", "references", "trajectory", "checks", "all_passed")
-FIRST_COLUMNS = ("cell", "cell_id", *CONFIG_KEYS, "status", "error", "resumed")
 
 #: Most cells a spec may have: beyond it the spec is refused before any cell is validated.
 MAX_CELLS = 10_000
-#: ``--workers`` at most this many times the machine's cores (beyond it, processes only compete for them).
-MAX_WORKERS_PER_CORE = 4
 
 
 # -------------------------------------------------------------------- spec
@@ -150,12 +141,6 @@ def _value(key, value, where: str):
         known = ", ".join(k for k in sorted(ARG_SPECS) if k not in NOT_IN_SWEEP)
         raise CLIError(f"{where}: unknown key {key!r} (known: {known})")
     return checked(key, value, where, typed=True)
-
-
-def cell_id(cfg: dict) -> str:
-    """12 hex digits of the SHA-256 of the resolved config (canonical JSON, sorted keys, without ``out``)."""
-    blob = json.dumps({k: v for k, v in cfg.items() if k != "out"}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def resolve_cell(values: dict) -> dict:
@@ -242,55 +227,6 @@ def expand(spec: Mapping, log=None) -> list:
     return cells
 
 
-# -------------------------------------------------------------------- rows
-def _scalar(v):
-    if isinstance(v, (dict, list)):
-        return json.dumps(v)
-    return v
-
-
-def summary_row(cfg: dict, report: dict | None = None, error: str = "", versions: dict | None = None) -> dict:
-    """The flat results row of one cell: config, status, checks, references, timings, versions."""
-    row = {"cell_id": cell_id(cfg), **{k: cfg.get(k) for k in CONFIG_KEYS},  # --model catformer: its own keys
-           **{k: v for k, v in cfg.items() if k not in CONFIG_KEYS and k != "out"}}
-    if "model" in MODEL_COLUMN_KEYS:
-        row["model"] = cfg.get("model", "reduced")  # a reduced row of a mixed spec says so (not NaN)
-    row["status"] = "ok" if report is not None else "failed"
-    row["error"] = "" if report is not None else error
-    if report is not None:
-        row["run_status"] = report["trajectory"]["status"]
-        row["all_passed"] = report["all_passed"]
-        for c in report["checks"]:
-            row[f"{c['name']}_value"] = _scalar(c["value"])
-            row[f"{c['name']}_passed"] = c["passed"]
-            row[f"{c['name']}_status"] = c.get("status", "")
-            row[f"{c['name']}_reason"] = c.get("reason", "")
-            row[f"{c['name']}_applicable"] = c.get("applicable", True)
-            row[f"{c['name']}_kind"] = c.get("kind", "exact")
-        for k, v in report["references"].items():
-            if isinstance(v, dict):
-                row[k] = v.get("value")
-                row[f"{k}_kind"] = v.get("kind", "exact")
-                if v.get("kind") == "sampled":
-                    row[f"{k}_se"] = v.get("se")
-            else:
-                row[k] = _scalar(v)
-        row["final_loss"] = report["trajectory"]["final_loss"]
-        row["final_loss_kind"] = report["trajectory"].get("final_loss_kind")
-        row["final_loss_se"] = report["trajectory"].get("final_loss_se")
-        row["t_eff"] = report["task"]["t_eff"]
-        row["n_sequences"] = report["task"]["n_sequences"]
-        if "loss_sweep" in report:
-            row["loss_sweep_exponent"] = report["loss_sweep"]["fitted_exponent"]
-            row["loss_sweep_exponent_stderr"] = report["loss_sweep"]["fitted_exponent_stderr"]
-        for k, v in report.get("timing_seconds", {}).items():
-            row[f"time_{k}_s"] = v
-        versions = report["versions"]
-    for k, v in (versions or {}).items():
-        row[k if k in ("platform", "cpu_count") else f"version_{k}"] = v
-    return row
-
-
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -336,180 +272,6 @@ def run_cell(cfg: dict, cell_dir: str, figures: bool = False, log=None) -> dict:
     except OSError:
         pass
     return row
-
-
-def cached_report(cell_dir: str, cfg: dict) -> dict | None:
-    """The cell's ``report.json`` if it is whole (JSON, the report's keys, the cell's config), else ``None``."""
-    try:
-        with open(os.path.join(cell_dir, "report.json"), encoding="utf-8") as fh:
-            report = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(report, dict) or any(k not in report for k in REPORT_KEYS):
-        return None
-    conf = report["config"]
-    if not isinstance(conf, dict):
-        return None
-    conf = {k: v for k, v in conf.items() if k != "out"}
-    try:
-        resolved = dict(settle(cfg))  # the report holds the resolved methods ("auto" -> exact/field/sampled)
-    except (ValueError, CLIError):
-        return None
-    want = json.loads(json.dumps(resolved))
-    return report if conf == want else None
-
-
-def cached_row(cell_dir: str, cfg: dict) -> dict | None:
-    """The results row of a cell already done, or ``None`` (run it): a ``report.json`` that is missing,
-    not JSON, of another config, or damaged in a way that still parses (a field of the wrong type or
-    missing, e.g. ``"checks": "x"``) counts as not done."""
-    report = cached_report(cell_dir, cfg)
-    if report is None:
-        return None
-    try:
-        row = summary_row(cfg, report)
-    except (TypeError, KeyError, ValueError, AttributeError, IndexError):
-        return None
-    if not isinstance(row.get("run_status"), str) or not isinstance(row.get("all_passed"), (bool, type(None))):
-        return None
-    try:  # the cell's time and host, as the first run's row had them (issue 32)
-        with open(os.path.join(cell_dir, CELL_FACTS), encoding="utf-8") as fh:
-            facts = json.load(fh)
-        if isinstance(facts, dict):
-            row.update({k: facts[k] for k in ("time_cell_s", "host") if k in facts})
-    except (OSError, ValueError):
-        pass
-    return row
-
-
-# ------------------------------------------------------------------ output
-def _frame(rows: dict):
-    """The results table: rows in cell order, fixed leading columns, then the rest by first appearance."""
-    import pandas as pd
-
-    ordered = [dict(rows[i], cell=i) for i in sorted(rows)]
-    cols = list(FIRST_COLUMNS)
-    for row in ordered:
-        cols += [k for k in row if k not in cols]
-    return pd.DataFrame(ordered, columns=cols)
-
-
-def write_csv_atomic(path, df) -> None:
-    """``df.to_csv(path)`` into a temp file beside ``path``, flushed and fsynced, then ``os.replace``."""
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            df.to_csv(fh, index=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-    try:  # make the rename durable too
-        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-
-
-# ----------------------------------------------------------------- cluster
-def check_workers(workers, n_cells: int | None = None):
-    """``--workers``: ``None`` (the cores) or an integer in ``1 .. MAX_WORKERS_PER_CORE x cores``."""
-    if workers is None:
-        return None
-    if isinstance(workers, bool) or not isinstance(workers, int):
-        raise CLITypeError(f"--workers {workers!r}: use an integer >= 1")
-    if workers < 1:
-        raise CLIError(f"--workers {workers}: use an integer >= 1")
-    cores = os.cpu_count() or 1
-    if workers > MAX_WORKERS_PER_CORE * cores:
-        raise CLIError(f"--workers {workers} is far above the {cores} cores of this machine (limit "
-                       f"{MAX_WORKERS_PER_CORE * cores} = {MAX_WORKERS_PER_CORE} x cores; every worker is a process "
-                       f"with its own memory): use --workers {cores}, or --scheduler for a larger cluster")
-    return workers
-
-
-def _start_client(scheduler, workers, n_cells, worker_timeout, log):
-    if scheduler:
-        return connect_scheduler(scheduler, worker_timeout, log), None
-    from dask.distributed import Client, LocalCluster
-
-    from ..engine.distributed import worker_env
-
-    n = max(1, min(workers or os.cpu_count() or 1, n_cells))
-    cluster = None
-    try:
-        with shield_children(), warnings.catch_warnings():  # a terminal Ctrl-C reaches this process only
-            # Dask's warnings of an orderly shutdown (cancelled cells, a busy worker killed) are not the user's
-            # news, nor is a dashboard on another port than 8787 (the log line gives its address)
-            warnings.filterwarnings("ignore", message=r"Port \d+ is already in use")
-            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, env=worker_env(),
-                                   silence_logs=logging.ERROR)
-        return Client(cluster), cluster
-    except BaseException as exc:  # a Ctrl-C held back while the cluster started is delivered here
-        if cluster is not None:
-            if isinstance(exc, (KeyboardInterrupt, Terminated)):
-                _stop_workers_now(cluster)
-                _close(cluster, timeout=CLOSE_TIMEOUT_INTERRUPTED)
-            else:
-                cluster.close()
-        raise
-
-
-#: Seconds Dask gets to close our client and cluster after an interrupt (the promise is an exit within 2 s).
-CLOSE_TIMEOUT_INTERRUPTED = 0.5
-
-
-def _close(obj, timeout=None) -> None:
-    """``obj.close()``; with a ``timeout`` (after an interrupt) bounded and quiet."""
-    if timeout is None:
-        obj.close()
-        return
-    try:
-        obj.close(timeout=timeout)
-    except Exception:  # a TimeoutError of the bounded close: the process ends right after
-        pass
-
-
-def _stop_workers_now(cluster) -> None:
-    """End the worker processes of our own ``LocalCluster`` at once (SIGKILL), so that an interrupt acts
-    within a second instead of waiting for Dask's orderly close of busy workers; what their cells
-    left (staging folders, locks) is removed by :func:`popgrad._io.clear_stale` afterwards."""
-    if cluster is None:
-        return
-    try:
-        from distributed.core import Status
-
-        closing = Status.closing
-    except ImportError:  # pragma: no cover - Dask is a dependency of the sweep
-        closing = None
-    for nanny in list(getattr(cluster, "workers", {}).values()):
-        try:
-            if closing is not None:
-                nanny.status = closing  # the Nanny must not start a new worker when this one dies
-            pid = nanny.pid
-        except Exception:
-            pid = None
-        if pid:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:  # already gone
-                pass
-
-
-def _dashboard(client) -> str:
-    try:
-        if "dashboard" not in client.scheduler_info().get("services", {}):
-            return "not running (pip install bokeh for the Dask dashboard)"
-        return client.dashboard_link
-    except Exception:  # informational only
-        return "unknown"
-
-
-def _check_client(client) -> None:
-    if not (hasattr(client, "submit") and hasattr(client, "scheduler_info")):
-        raise CLITypeError(f"client must be a dask.distributed.Client, got {type(client).__name__}")
-    if getattr(client, "status", "running") in ("closed", "closing"):
-        raise CLIError("client is closed: pass an open dask.distributed.Client, or client=None for a LocalCluster")
 
 
 def sweep(spec, client=None, out: str = "sweep_out", *, scheduler: str | None = None, workers: int | None = None,

@@ -2,14 +2,17 @@
 
 * :mod:`.graphs` -- single-parent causal graphs (:class:`CausalGraph`, ``chain``, ``icl_pairs``, ``random_tree``);
 * :mod:`.multigraphs` -- k-parent graphs (:class:`MultiParentGraph`, ``ngram``, ``two_parent``, ...);
-* :mod:`.priors` -- finite priors over transition matrices (:class:`FinitePrior`, ``dirichlet_prior``),
-  stationary distributions, the relabeling closure;
+* :mod:`.priors` -- finite priors over transition matrices (:class:`FinitePrior`, ``dirichlet_prior``);
+* :mod:`.stationary` -- stationary distributions (GTH);
+* :mod:`.relabeling` -- token relabelings, the relabeling closure and the one closure test;
 * :mod:`.dirichlet` -- the official continuous priors (:class:`DirichletPrior`, :class:`DirichletTensorPrior`)
   and their exact weights from sufficient statistics (DESIGN §20);
 * :mod:`.tensor_priors` -- finite priors over transition tensors (:class:`TensorPrior`);
 * :mod:`.tasks` -- :class:`Task` and :class:`MultiParentTask` (shared :class:`ExactTask`): exact sequence
-  weights, the size guard, the sequence decoder, the sampler, the task fingerprint, :func:`check_task`
-  (the one task validator);
+  weights, the size guard, the task fingerprint, :func:`check_task` (the one task validator);
+* :mod:`.table` -- the weight table of a task (computed once, or streamed past its memory budget);
+* :mod:`.sampling` -- the draws of ``task.sample`` (:class:`Sample`);
+* :mod:`.reference` -- the NumPy references of the exact weights and the NumPy sequence decoder;
 * :mod:`._weights` -- the numba kernels of the exact weights and the one sequence decoder.
 """
 from .dirichlet import DirichletPrior, DirichletTensorPrior, WeightAccuracy

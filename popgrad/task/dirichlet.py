@@ -373,7 +373,7 @@ def _mc_atoms(S, alpha):
     """The ``MC_DRAWS · S!`` relabeling-closed draws of the S >= 3 stationary weights (kept per ``(S, α)``)."""
     key = (S, float(alpha))
     if key not in _MC_CACHE:
-        from .priors import _inverse_perms
+        from .relabeling import _inverse_perms
 
         rng = np.random.default_rng(MC_SEED)
         n_perm = math.factorial(S)
@@ -471,7 +471,7 @@ def _gth_batch(pi):
         x[:, k] = np.einsum("nj,nj->n", x[:, k + 1:], A[:, k + 1:, k])
     x /= x.sum(axis=1, keepdims=True)
     if np.any(stuck):
-        from .priors import stationary_distribution
+        from .stationary import stationary_distribution
 
         x[stuck] = stationary_distribution(np.asarray(pi)[stuck])
     return x

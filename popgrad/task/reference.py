@@ -57,19 +57,13 @@ def parent_rows(seqs, parent_positions, S) -> np.ndarray:
 
 
 def sequence_weights_multi_numpy(seqs, parents, target_parents, atoms, prior_w) -> np.ndarray:
-    """NumPy reference for ``w(s, c)`` of the multi-parent process (:mod:`popgrad.task.tasks`, DESIGN §9).
+    """NumPy reference for ``w(s, c)`` of the multi-parent process (DESIGN §9), float64 ``(n, S)``::
 
-    Parameters
-    ----------
-    seqs : int array (n, T)
-    parents : int array (T, k)
-    target_parents : int array (k,)
-    atoms : float64 (K, S**k, S)
-    prior_w : float64 (K,)
+        w(s, c) = Σ_m prior_w[m] · S^{-|R|} · Π_{non-roots i} atoms[m, r_i(s), s_i] · atoms[m, r_tp(s), c]
 
-    Returns
-    -------
-    w : float64 (n, S)
+    with ``r_i(s)`` the flat row of position ``i``'s parent tokens (:func:`parent_rows`) and ``|R|`` the
+    number of roots (they are uniform). ``seqs`` (n, T) ints; ``parents`` (T, k) and ``target_parents``
+    (k,) as :class:`popgrad.MultiParentGraph` holds them; ``atoms`` (K, S**k, S); ``prior_w`` (K,).
     """
     seqs = np.asarray(seqs)
     K, _, S = atoms.shape

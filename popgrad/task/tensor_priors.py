@@ -21,13 +21,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .._validation import as_int, as_rng
-from .priors import (
-    MAX_CLOSURE_ATOMS,
-    FinitePrior,
-    checked_atoms,
-    closed_under_relabeling,
-    dirichlet_arguments,
-)
+from .priors import FinitePrior, checked_atoms, dirichlet_arguments
+from .relabeling import MAX_CLOSURE_ATOMS, closed_under_relabeling
 
 __all__ = ["TensorPrior", "TensorPriorDiagnostics", "dirichlet_tensor_prior", "relabel_tensor"]
 

@@ -1,7 +1,9 @@
 """Step 3' of the data flow: quantities polynomial in T, no enumeration of S**T (DESIGN §5–§7).
 
-* :mod:`.information` -- pairwise joints, χ² mutual information, the idealized gradient ``g``,
-  contraction coefficients, the paper's assumptions measured on a task;
+* :mod:`.information` -- the idealized gradient ``g`` and the paper's assumptions measured on a task
+  (re-exports the two modules below);
+* :mod:`.chain` -- χ² mutual information, ``σ₂``, contraction coefficients of one transition matrix;
+* :mod:`.joints` -- pairwise joints of two positions and the LCA distances, from the graph;
 * :mod:`.dpi` -- data-processing-inequality gaps and the readings of the paper's bound.
 
 Nothing here imports :mod:`popgrad.engine`. The reference losses (L*, Bayes, count estimator,
