@@ -5,10 +5,10 @@ Enumeration order (shared by every kernel of popgrad): sequence number ``m`` in
 position ``0`` the most significant digit, so position ``T-1`` varies fastest:
 lexicographic order, ``itertools.product(range(S), repeat=T)``.
 :func:`decode_sequence` is the one place that decodes it (NumPy code uses
-:func:`popgrad.task.tasks.decode_sequences`).
+:func:`popgrad.task.reference.decode_sequences`).
 
-References: :func:`popgrad.task.tasks.sequence_weights_numpy` (single-parent),
-:func:`popgrad.task.tasks.sequence_weights_multi_numpy` (k parents).
+References: :func:`popgrad.task.reference.sequence_weights_numpy` (single-parent),
+:func:`popgrad.task.reference.sequence_weights_multi_numpy` (k parents).
 ``cache=True`` everywhere, never ``fastmath``.
 """
 from numba import njit, prange
