@@ -30,3 +30,72 @@ def mc_moments(n, r, logpi, logmu, s1, s2):
             b += v * v
         s1[m] = a
         s2[m] = b
+
+
+@njit(cache=True, inline="always")
+def _pairwise_sum(a, lo, hi):
+    """``a[lo:hi].sum()`` with NumPy's own order (its pairwise sum of a contiguous run: below 8 terms one
+    sequential sum from 0; up to 128 terms eight interleaved partial sums, combined as a tree, then the rest)."""
+    n = hi - lo
+    if n < 8:
+        res = 0.0
+        for i in range(lo, hi):
+            res += a[i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = lo + 8
+    stop = hi - n % 8
+    while i < stop:
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < hi:
+        res += a[i]
+        i += 1
+    return res
+
+
+@njit(cache=True)
+def gth_batch(pi, x, stuck):
+    """Stationary distributions of ``pi (N, S, S)`` into ``x (N, S)`` by GTH, one chain at a time, with the
+    operations (and roundings) of :func:`popgrad.task.dirichlet._gth_batch`'s vectorized NumPy in the same
+    order, so the same bits (``S <= 128``). A zero pivot sets ``stuck[i]`` (the caller replaces that row)."""
+    N, S = pi.shape[0], pi.shape[1]
+    A = np.empty((S, S))
+    for i in range(N):
+        for r in range(S):
+            for c in range(S):
+                A[r, c] = pi[i, r, c]
+        stuck[i] = False
+        for k in range(S - 1):
+            sc = _pairwise_sum(A[k], k + 1, S)
+            if sc <= 0.0:
+                stuck[i] = True
+                break
+            for r in range(k + 1, S):
+                A[r, k] /= sc
+            for r in range(k + 1, S):
+                ark = A[r, k]
+                for c in range(k + 1, S):
+                    A[r, c] += ark * A[k, c]
+        for c in range(S):
+            x[i, c] = 0.0
+        if stuck[i]:
+            continue
+        x[i, S - 1] = 1.0
+        for k in range(S - 2, -1, -1):
+            acc = 0.0
+            for j in range(k + 1, S):
+                acc += x[i, j] * A[j, k]
+            x[i, k] = acc
+        tot = _pairwise_sum(x[i], 0, S)
+        for c in range(S):
+            x[i, c] /= tot
