@@ -57,6 +57,7 @@ class DenseJob(NamedTuple):
     hinfo: np.ndarray
     A: np.ndarray
     AT: np.ndarray
+    EA: np.ndarray
     W: np.ndarray
     WT: np.ndarray
     heads_din: tuple
@@ -83,11 +84,16 @@ def dense_job(model, params) -> DenseJob:
             A[g, :d, :d] = a[k]
             g += 1
     AT = np.ascontiguousarray(A.transpose(0, 2, 1))
+    d0 = dims[0]
+    EA = np.zeros((nh, d0, d0))  # exp(Ã - rowmax) of the layer-1 heads (their scores without exp)
+    if L > 1:
+        A1 = A[:model.heads[0], :d0, :d0]
+        EA[:model.heads[0]] = np.exp(A1 - A1.max(axis=2, keepdims=True))
     n_last = model.heads[-1]
-    d0, dl1, dL = dims[0], dims[L - 1], dims[L]
+    dl1, dL = dims[L - 1], dims[L]
     sizes = np.array([T, S, d0, max(dl1, d0), nh, dmax, dL, dl1, nh - n_last, n_last], dtype=np.uint64)
     W = np.ascontiguousarray(params.W, dtype=np.float64)
-    return DenseJob(sizes, np.array(rows, dtype=np.uint64), A, AT, W, np.ascontiguousarray(W.T), tuple(din_of),
+    return DenseJob(sizes, np.array(rows, dtype=np.uint64), A, AT, EA, W, np.ascontiguousarray(W.T), tuple(din_of),
                     tuple(a.shape for a in params.A))
 
 
@@ -146,8 +152,8 @@ def catformer_batch_loss_and_grad(seqs, w, model, params, eps=None, options=None
     dW_s = np.zeros((n_blocks, *job.W.shape) if want_grad else (n_blocks, 0, 0))
     row_loss = np.zeros(n)
     kernel = _kr.run_rows_dense if use_parallel(n_blocks, n, opts) else _kr.run_rows_dense_serial
-    kernel(seqs, w, per, job.dims, job.hinfo, job.A, job.AT, job.W, job.WT, float(eps), model.readout == "softmax",
-           want_grad, row_loss, loss_s, dA_s, dW_s)
+    kernel(seqs, w, per, job.dims, job.hinfo, job.A, job.AT, job.EA, job.W, job.WT, float(eps),
+           model.readout == "softmax", want_grad, row_loss, loss_s, dA_s, dW_s)
     loss = float(_kr.sum_dense_slots(loss_s, dA_s, dW_s))
     res = _ec._finish(loss, [np.zeros(s) for s in job.a_shapes], np.zeros(job.W.shape), want_grad)
     if not want_grad:

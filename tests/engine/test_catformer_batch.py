@@ -145,3 +145,16 @@ def test_batch_bad_arguments():
         catformer_batch_loss_and_grad(seqs, np.ones((2, 2)), pg.CatFormer(2, 3, readout="linear"), p)
     empty = catformer_batch_loss_and_grad(np.zeros((0, 3), dtype=int), np.zeros((0, 2)), model, p)
     assert empty.loss == 0.0 and np.all(empty.dW == 0) and empty.row_loss.shape == (0,)
+
+
+@pytest.mark.parametrize("heads", [(1, 1), (2, 1), (1, 1, 1)])
+def test_large_layer1_scores_take_the_exp_path(heads):
+    """Layer-1 scores come from a table of exp(Ã - rowmax); where its products underflow (|Ã| in the hundreds)
+    the row is recomputed with exp: still the reference's numbers."""
+    model = pg.CatFormer(3, 6, heads=heads)
+    p = random_params(model, 2)
+    p = CatFormerParams([p.A[0] * 300.0, *p.A[1:]], p.W)
+    rng = np.random.default_rng(0)
+    seqs, w = rng.integers(0, 3, size=(60, 6)), rng.random((60, 3))
+    r = catformer_batch_loss_and_grad(seqs, w, model, p)
+    assert_same(r, E.catformer_rows_loss_and_grad_numpy(seqs, w, model, p))

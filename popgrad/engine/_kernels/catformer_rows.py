@@ -37,54 +37,81 @@ I_T, I_S, I_D0, I_DW, I_NH, I_DMAX, I_DL, I_DL1, I_NINNER, I_NLAST = range(10)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _row_forward(g, t, din, s, S, d0, A, H, Ht, u, P):
+def _row_forward(g, t, din, s, S, d0, A, H, Ht, Uq, Pr):
     """Row ``t`` of head ``g`` (input width ``din``): ``u = H[t] Ã_g`` into ``u``, the attention row into ``P``."""
     st = s[t]
     for b in range(din):
-        u[b] = A[g, st, b] + A[g, S + t, b]
+        Uq[g, t, b] = A[g, st, b] + A[g, S + t, b]
     for a in range(d0, din):
         x = H[t, a]
         for b in range(din):
-            u[b] += x * A[g, a, b]
+            Uq[g, t, b] += x * A[g, a, b]
     n = t + U(1)
     for j in range(n):
-        P[j] = u[s[j]] + u[S + j]
+        Pr[g, t, j] = Uq[g, t, s[j]] + Uq[g, t, S + j]
     for a in range(d0, din):
-        ua = u[a]
+        ua = Uq[g, t, a]
         for j in range(n):
-            P[j] += ua * Ht[a, j]
-    m = P[0]
+            Pr[g, t, j] += ua * Ht[a, j]
+    m = Pr[g, t, 0]
     for j in range(U(1), n):
-        if P[j] > m:
-            m = P[j]
+        if Pr[g, t, j] > m:
+            m = Pr[g, t, j]
     tot = 0.0
     for j in range(n):
-        e = np.exp(P[j] - m)
-        P[j] = e
+        e = np.exp(Pr[g, t, j] - m)
+        Pr[g, t, j] = e
         tot += e
     inv = 1.0 / tot
     for j in range(n):
-        P[j] *= inv
+        Pr[g, t, j] *= inv
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _row_output(t, din, s, S, d0, H, P, o):
+def _row_forward_first(g, t, s, S, EA, Pr):
+    """Row ``t`` of a layer-1 head ``g`` from the table ``EA[g] = exp(Ã_g - rowmax)`` (no ``exp`` per score).
+
+    Layer 1 reads only ``x̃``: ``z_tj = Ã[s_t,s_j] + Ã[s_t,S+j] + Ã[S+t,s_j] + Ã[S+t,S+j]``, so
+    ``exp(z_tj - c) = EA[s_t,s_j] EA[s_t,S+j] EA[S+t,s_j] EA[S+t,S+j]`` with ``c`` the rows' maxima, a constant
+    of the row that the normalization removes (every factor is ``≤ 1``: no overflow). Returns ``False`` when
+    the row's total is below ``1e-200`` (underflow would cost precision): the caller then computes the row
+    with ``exp`` (:func:`_row_forward`).
+    """
+    st = s[t]
+    pt = S + t
+    n = t + U(1)
+    tot = 0.0
+    for j in range(n):
+        sj = s[j]
+        pj = S + j
+        e = (EA[g, st, sj] * EA[g, st, pj]) * (EA[g, pt, sj] * EA[g, pt, pj])
+        Pr[g, t, j] = e
+        tot += e
+    if not tot >= 1e-200:
+        return False
+    for j in range(n):  # divided, not times 1/tot: a row of one entry is exactly 1 (its exact zero gradient)
+        Pr[g, t, j] /= tot
+    return True
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _row_output(g, t, din, s, S, d0, H, Pr, o):
     """``o = Σ_{j ≤ t} P_j H[j, :din]``."""
     for a in range(din):
         o[a] = 0.0
     n = t + U(1)
     for j in range(n):
-        p = P[j]
+        p = Pr[g, t, j]
         o[s[j]] += p
         o[S + j] += p
     for j in range(n):
-        p = P[j]
+        p = Pr[g, t, j]
         for a in range(d0, din):
             o[a] += p * H[j, a]
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _row_backward(g, t, din, s, S, d0, AT, H, Ht, G, u, P, do, dP, du, dA):
+def _row_backward(g, t, din, s, S, d0, AT, H, Ht, G, Uq, Pr, do, dP, du, dA):
     """Back-propagate row ``t`` of head ``g`` from the adjoint ``do`` of its output (``din`` numbers).
 
     ``dP_j = do · H[j]``; ``G[j] += P_j do``; ``dz = P ⊙ (dP - P·dP)``; ``du = Σ_j dz_j H[j]``;
@@ -99,14 +126,14 @@ def _row_backward(g, t, din, s, S, d0, AT, H, Ht, G, u, P, do, dP, du, dA):
         for j in range(n):
             dP[j] += da * Ht[a, j]
     for j in range(n):
-        p = P[j]
+        p = Pr[g, t, j]
         for a in range(d0, din):
             G[j, a] += p * do[a]
     m = 0.0
     for j in range(n):
-        m += P[j] * dP[j]
+        m += Pr[g, t, j] * dP[j]
     for j in range(n):
-        dP[j] = P[j] * (dP[j] - m)  # now dz_j
+        dP[j] = Pr[g, t, j] * (dP[j] - m)  # now dz_j
     for b in range(din):
         du[b] = 0.0
     for j in range(n):
@@ -117,7 +144,7 @@ def _row_backward(g, t, din, s, S, d0, AT, H, Ht, G, u, P, do, dP, du, dA):
         c = dP[j]
         for a in range(d0, din):
             du[a] += c * H[j, a]
-            G[j, a] += c * u[a]
+            G[j, a] += c * Uq[g, t, a]
     st = s[t]
     for b in range(din):
         dA[g, st, b] += du[b]
@@ -134,8 +161,8 @@ def _row_backward(g, t, din, s, S, d0, AT, H, Ht, G, u, P, do, dP, du, dA):
 
 
 @njit(cache=True, error_model="numpy")
-def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, W, WT, eps, softmax_readout, want_grad, row_loss, dA,
-                      dW):
+def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, EA, W, WT, eps, softmax_readout, want_grad, row_loss,
+                      dA, dW):
     """Rows ``lo … hi-1`` in order: their loss (returned), per-row losses into ``row_loss[lo:hi]``, and
     (``want_grad``) their gradient added into ``dA (n_heads, d_max, d_max)``, ``dW (d_L, S)``.
 
@@ -183,8 +210,9 @@ def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, W, WT, eps, softmax_r
             din = hinfo[g, 1]
             out = hinfo[g, 2]
             for t in range(T):
-                _row_forward(g, t, din, s, S, d0, A, H, Ht, Uq[g, t], Pr[g, t])
-                _row_output(t, din, s, S, d0, H, Pr[g, t], o)
+                if din != d0 or not _row_forward_first(g, t, s, S, EA, Pr):
+                    _row_forward(g, t, din, s, S, d0, A, H, Ht, Uq, Pr)
+                _row_output(g, t, din, s, S, d0, H, Pr, o)
                 for a in range(din):
                     H[t, out + a] = o[a]
                     Ht[out + a, t] = o[a]
@@ -193,8 +221,8 @@ def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, W, WT, eps, softmax_r
             hv[a] = H[t1, a]
         for k in range(n_last):
             g = n_inner + k
-            _row_forward(g, t1, dl1, s, S, d0, A, H, Ht, Uq[g, t1], Pr[g, t1])
-            _row_output(t1, dl1, s, S, d0, H, Pr[g, t1], o)
+            _row_forward(g, t1, dl1, s, S, d0, A, H, Ht, Uq, Pr)
+            _row_output(g, t1, dl1, s, S, d0, H, Pr, o)
             base = dl1 * (U(1) + k)
             for a in range(dl1):
                 hv[base + a] = o[a]
@@ -271,7 +299,7 @@ def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, W, WT, eps, softmax_r
                 base = dl1 * (U(1) + k)
                 for a in range(dl1):
                     do[a] = dh[base + a]
-                _row_backward(g, t1, dl1, s, S, d0, AT, H, Ht, G, Uq[g, t1], Pr[g, t1], do, dP, du, dA)
+                _row_backward(g, t1, dl1, s, S, d0, AT, H, Ht, G, Uq, Pr, do, dP, du, dA)
             # ---- layers L-1 … 1, heads in reverse, rows T-1 … 0
             for gg in range(n_inner):
                 g = n_inner - U(1) - gg
@@ -281,7 +309,7 @@ def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, W, WT, eps, softmax_r
                     t = t1 - tt
                     for a in range(din):
                         do[a] = G[t, out + a]
-                    _row_backward(g, t, din, s, S, d0, AT, H, Ht, G, Uq[g, t], Pr[g, t], do, dP, du, dA)
+                    _row_backward(g, t, din, s, S, d0, AT, H, Ht, G, Uq, Pr, do, dP, du, dA)
             for t in range(T):
                 for a in range(dw):
                     G[t, a] = 0.0
@@ -291,7 +319,7 @@ def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, W, WT, eps, softmax_r
     return loss
 
 
-def _run_rows_dense_body(seqs, w, per, dims, hinfo, A, AT, W, WT, eps, softmax_readout, want_grad, row_loss,
+def _run_rows_dense_body(seqs, w, per, dims, hinfo, A, AT, EA, W, WT, eps, softmax_readout, want_grad, row_loss,
                          loss_out, dA_out, dW_out):
     """Block ``b`` = rows ``b·per … min(n, (b+1)·per) - 1`` into slot ``b`` (``loss_out[b]``, ``dA_out[b]``,
     ``dW_out[b]``); per-row losses into ``row_loss``."""
@@ -299,8 +327,8 @@ def _run_rows_dense_body(seqs, w, per, dims, hinfo, A, AT, W, WT, eps, softmax_r
     for b in prange(loss_out.shape[0]):
         lo = b * per
         hi = min(n, lo + per)
-        loss_out[b] = _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, W, WT, eps, softmax_readout, want_grad,
-                                        row_loss, dA_out[b], dW_out[b])
+        loss_out[b] = _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, EA, W, WT, eps, softmax_readout,
+                                        want_grad, row_loss, dA_out[b], dW_out[b])
 
 
 run_rows_dense, run_rows_dense_serial = twins(_run_rows_dense_body)
