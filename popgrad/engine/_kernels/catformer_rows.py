@@ -36,140 +36,28 @@ U = np.uint64
 I_T, I_S, I_D0, I_DW, I_NH, I_DMAX, I_DL, I_DL1, I_NINNER, I_NLAST = range(10)
 
 
-@njit(cache=True, error_model="numpy", inline="always")
-def _row_forward(g, t, din, s, S, d0, A, H, Ht, Uq, Pr):
-    """Row ``t`` of head ``g`` (input width ``din``): ``u = H[t] Ã_g`` into ``u``, the attention row into ``P``."""
-    st = s[t]
-    for b in range(din):
-        Uq[g, t, b] = A[g, st, b] + A[g, S + t, b]
-    for a in range(d0, din):
-        x = H[t, a]
-        for b in range(din):
-            Uq[g, t, b] += x * A[g, a, b]
-    n = t + U(1)
-    for j in range(n):
-        Pr[g, t, j] = Uq[g, t, s[j]] + Uq[g, t, S + j]
-    for a in range(d0, din):
-        ua = Uq[g, t, a]
-        for j in range(n):
-            Pr[g, t, j] += ua * Ht[a, j]
-    m = Pr[g, t, 0]
-    for j in range(U(1), n):
-        if Pr[g, t, j] > m:
-            m = Pr[g, t, j]
-    tot = 0.0
-    for j in range(n):
-        e = np.exp(Pr[g, t, j] - m)
-        Pr[g, t, j] = e
-        tot += e
-    inv = 1.0 / tot
-    for j in range(n):
-        Pr[g, t, j] *= inv
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _row_forward_first(g, t, s, S, EA, Pr):
-    """Row ``t`` of a layer-1 head ``g`` from the table ``EA[g] = exp(Ã_g - rowmax)`` (no ``exp`` per score).
-
-    Layer 1 reads only ``x̃``: ``z_tj = Ã[s_t,s_j] + Ã[s_t,S+j] + Ã[S+t,s_j] + Ã[S+t,S+j]``, so
-    ``exp(z_tj - c) = EA[s_t,s_j] EA[s_t,S+j] EA[S+t,s_j] EA[S+t,S+j]`` with ``c`` the rows' maxima, a constant
-    of the row that the normalization removes (every factor is ``≤ 1``: no overflow). Returns ``False`` when
-    the row's total is below ``1e-200`` (underflow would cost precision): the caller then computes the row
-    with ``exp`` (:func:`_row_forward`).
-    """
-    st = s[t]
-    pt = S + t
-    n = t + U(1)
-    tot = 0.0
-    for j in range(n):
-        sj = s[j]
-        pj = S + j
-        e = (EA[g, st, sj] * EA[g, st, pj]) * (EA[g, pt, sj] * EA[g, pt, pj])
-        Pr[g, t, j] = e
-        tot += e
-    if not tot >= 1e-200:
-        return False
-    for j in range(n):  # divided, not times 1/tot: a row of one entry is exactly 1 (its exact zero gradient)
-        Pr[g, t, j] /= tot
-    return True
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _row_output(g, t, din, s, S, d0, H, Pr, o):
-    """``o = Σ_{j ≤ t} P_j H[j, :din]``."""
-    for a in range(din):
-        o[a] = 0.0
-    n = t + U(1)
-    for j in range(n):
-        p = Pr[g, t, j]
-        o[s[j]] += p
-        o[S + j] += p
-    for j in range(n):
-        p = Pr[g, t, j]
-        for a in range(d0, din):
-            o[a] += p * H[j, a]
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _row_backward(g, t, din, s, S, d0, AT, H, Ht, G, Uq, Pr, do, dP, du, dA):
-    """Back-propagate row ``t`` of head ``g`` from the adjoint ``do`` of its output (``din`` numbers).
-
-    ``dP_j = do · H[j]``; ``G[j] += P_j do``; ``dz = P ⊙ (dP - P·dP)``; ``du = Σ_j dz_j H[j]``;
-    ``G[j] += dz_j u``; ``dÃ_g += H[t]ᵀ du``; ``G[t] += Ã_g du`` (coordinates ``≥ d_0`` of ``G`` only:
-    the input ``x̃`` needs no adjoint).
-    """
-    n = t + U(1)
-    for j in range(n):
-        dP[j] = do[s[j]] + do[S + j]
-    for a in range(d0, din):
-        da = do[a]
-        for j in range(n):
-            dP[j] += da * Ht[a, j]
-    for j in range(n):
-        p = Pr[g, t, j]
-        for a in range(d0, din):
-            G[j, a] += p * do[a]
-    m = 0.0
-    for j in range(n):
-        m += Pr[g, t, j] * dP[j]
-    for j in range(n):
-        dP[j] = Pr[g, t, j] * (dP[j] - m)  # now dz_j
-    for b in range(din):
-        du[b] = 0.0
-    for j in range(n):
-        c = dP[j]
-        du[s[j]] += c
-        du[S + j] += c
-    for j in range(n):
-        c = dP[j]
-        for a in range(d0, din):
-            du[a] += c * H[j, a]
-            G[j, a] += c * Uq[g, t, a]
-    st = s[t]
-    for b in range(din):
-        dA[g, st, b] += du[b]
-    for b in range(din):
-        dA[g, S + t, b] += du[b]
-    for a in range(d0, din):
-        x = H[t, a]
-        for b in range(din):
-            dA[g, a, b] += x * du[b]
-    for b in range(din):
-        c = du[b]
-        for a in range(d0, din):
-            G[t, a] += c * AT[g, b, a]
-
-
 @njit(cache=True, error_model="numpy")
 def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, EA, W, WT, eps, softmax_readout, want_grad, row_loss,
                       dA, dW):
     """Rows ``lo … hi-1`` in order: their loss (returned), per-row losses into ``row_loss[lo:hi]``, and
     (``want_grad``) their gradient added into ``dA (n_heads, d_max, d_max)``, ``dW (d_L, S)``.
 
-    A row whose weights are all zero contributes nothing (its ``row_loss`` is 0).
+    A row whose weights are all zero contributes nothing (its ``row_loss`` is 0). One function, no helper
+    calls: numba updates an atomic reference count for every array passed to a function (inlined or not),
+    which cost more than the arithmetic here.
+
+    Per head ``g`` (layer-major; the last layer's heads at row ``T-1`` only) and row ``t``:
+    ``u = H[t] Ã_g`` (two row gathers for ``x̃_t``, row updates for the dense coordinates ``d_0 …``), scores
+    ``z_j = u[s_j] + u[S+j] + u[d_0:] · H[j, d_0:]`` (``j ≤ t``), softmax, output ``o = Σ_j P_j H[j]``. A layer-1
+    head reads only ``x̃``: ``exp(z_tj - c) = EA[s_t,s_j] EA[s_t,S+j] EA[S+t,s_j] EA[S+t,S+j]`` with
+    ``EA = exp(Ã - rowmax)`` (``c`` the rows' maxima, a constant of the row; every factor ``≤ 1``), so no
+    ``exp`` per score; a row whose total falls below ``1e-200`` (underflow would cost precision) is computed
+    with ``exp``. Reverse mode per head and row from the adjoint ``do`` of its output: ``dP_j = do · H[j]``,
+    ``G[j] += P_j do``, ``dz = P ⊙ (dP - P·dP)``, ``du = Σ_j dz_j H[j]``, ``G[j] += dz_j u``,
+    ``dÃ_g += H[t]ᵀ du``, ``G[t] += Ã_g du`` (coordinates ``≥ d_0`` of ``G`` only: ``x̃`` needs no adjoint).
     """
     T, S, d0, dw, nh, dmax = dims[I_T], dims[I_S], dims[I_D0], dims[I_DW], dims[I_NH], dims[I_DMAX]
-    dL, dl1, n_inner, n_last = dims[I_DL], dims[I_DL1], dims[I_NINNER], dims[I_NLAST]
+    dL, dl1, n_inner = dims[I_DL], dims[I_DL1], dims[I_NINNER]
     H = np.zeros((T, dw))
     Ht = np.zeros((dw, T))
     G = np.zeros((T, dw))
@@ -181,7 +69,6 @@ def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, EA, W, WT, eps, softm
     dz = np.zeros(S)
     wv = np.zeros(S)
     o = np.zeros(dmax)
-    do = np.zeros(dmax)
     dP = np.zeros(T)
     du = np.zeros(dmax)
     s = np.zeros(T, dtype=np.uint64)
@@ -205,30 +92,78 @@ def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, EA, W, WT, eps, softm
             s[t] = U(seqs[r, t])
             H[t, s[t]] = 1.0
             Ht[s[t], t] = 1.0
-        # ---- forward: layers 1 … L-1, every row
-        for g in range(n_inner):
+        # ================================================================ forward
+        for g in range(nh):
             din = hinfo[g, 1]
             out = hinfo[g, 2]
-            for t in range(T):
-                if din != d0 or not _row_forward_first(g, t, s, S, EA, Pr):
-                    _row_forward(g, t, din, s, S, d0, A, H, Ht, Uq, Pr)
-                _row_output(g, t, din, s, S, d0, H, Pr, o)
+            last = g >= n_inner
+            t0 = t1 if last else U(0)
+            for t in range(t0, T):
+                n = t + U(1)
+                st = s[t]
+                ok = False
+                if din == d0 and not last:  # layer 1: the exp table
+                    pt = S + t
+                    tot = 0.0
+                    for j in range(n):
+                        sj = s[j]
+                        pj = S + j
+                        e = (EA[g, st, sj] * EA[g, st, pj]) * (EA[g, pt, sj] * EA[g, pt, pj])
+                        Pr[g, t, j] = e
+                        tot += e
+                    if tot >= 1e-200:
+                        for j in range(n):  # divided: a row of one entry is exactly 1
+                            Pr[g, t, j] /= tot
+                        ok = True
+                if not ok:
+                    for b in range(din):
+                        Uq[g, t, b] = A[g, st, b] + A[g, S + t, b]
+                    for a in range(d0, din):
+                        x = H[t, a]
+                        for b in range(din):
+                            Uq[g, t, b] += x * A[g, a, b]
+                    for j in range(n):
+                        Pr[g, t, j] = Uq[g, t, s[j]] + Uq[g, t, S + j]
+                    for a in range(d0, din):
+                        ua = Uq[g, t, a]
+                        for j in range(n):
+                            Pr[g, t, j] += ua * Ht[a, j]
+                    m = Pr[g, t, 0]
+                    for j in range(U(1), n):
+                        if Pr[g, t, j] > m:
+                            m = Pr[g, t, j]
+                    tot = 0.0
+                    for j in range(n):
+                        e = np.exp(Pr[g, t, j] - m)
+                        Pr[g, t, j] = e
+                        tot += e
+                    inv = 1.0 / tot
+                    for j in range(n):
+                        Pr[g, t, j] *= inv
+                # output o = Σ_j P_j H[j, :din]
                 for a in range(din):
-                    H[t, out + a] = o[a]
-                    Ht[out + a, t] = o[a]
-        # ---- the last layer at row T-1, into hv = [H[T-1] | out_1 | …]
+                    o[a] = 0.0
+                for j in range(n):
+                    p = Pr[g, t, j]
+                    o[s[j]] += p
+                    o[S + j] += p
+                for j in range(n):
+                    p = Pr[g, t, j]
+                    for a in range(d0, din):
+                        o[a] += p * H[j, a]
+                if last:
+                    base = dl1 * (U(1) + g - n_inner)
+                    for a in range(din):
+                        hv[base + a] = o[a]
+                else:
+                    for a in range(din):
+                        H[t, out + a] = o[a]
+                        Ht[out + a, t] = o[a]
         for a in range(dl1):
             hv[a] = H[t1, a]
-        for k in range(n_last):
-            g = n_inner + k
-            _row_forward(g, t1, dl1, s, S, d0, A, H, Ht, Uq, Pr)
-            _row_output(g, t1, dl1, s, S, d0, H, Pr, o)
-            base = dl1 * (U(1) + k)
-            for a in range(dl1):
-                hv[base + a] = o[a]
-        st = s[t1]
+        sT = s[t1]
         for c in range(S):
-            zc[c] = W[st, c] + W[S + t1, c]
+            zc[c] = W[sT, c] + W[S + t1, c]
         for a in range(d0, dL):
             x = hv[a]
             for c in range(S):
@@ -276,9 +211,10 @@ def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, EA, W, WT, eps, softm
         row_loss[r] = rl
         loss += rl
         if want_grad:
-            # ---- readout: dW += hvᵀ dz, dhv = W dz (coordinates ≥ d_0)
+            # ============================================================ reverse
+            # readout: dW += hvᵀ dz, dhv = W dz (coordinates ≥ d_0)
             for c in range(S):
-                dW[st, c] += dz[c]
+                dW[sT, c] += dz[c]
             for c in range(S):
                 dW[S + t1, c] += dz[c]
             for a in range(d0, dL):
@@ -293,25 +229,81 @@ def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, EA, W, WT, eps, softm
                     dh[a] += gc * WT[c, a]
             for a in range(d0, dl1):
                 G[t1, a] += dh[a]
-            # ---- the last layer's heads (row T-1)
-            for k in range(n_last):
-                g = n_inner + k
-                base = dl1 * (U(1) + k)
-                for a in range(dl1):
-                    do[a] = dh[base + a]
-                _row_backward(g, t1, dl1, s, S, d0, AT, H, Ht, G, Uq, Pr, do, dP, du, dA)
-            # ---- layers L-1 … 1, heads in reverse, rows T-1 … 0
-            for gg in range(n_inner):
-                g = n_inner - U(1) - gg
+            for gg in range(nh):  # heads in reverse: the last layer's, then layers L-1 … 1
+                g = nh - U(1) - gg
                 din = hinfo[g, 1]
                 out = hinfo[g, 2]
-                for tt in range(T):
+                last = g >= n_inner
+                nt = U(1) if last else T
+                base = dl1 * (U(1) + g - n_inner) if last else out
+                for tt in range(nt):
                     t = t1 - tt
-                    for a in range(din):
-                        do[a] = G[t, out + a]
-                    _row_backward(g, t, din, s, S, d0, AT, H, Ht, G, Uq, Pr, do, dP, du, dA)
+                    n = t + U(1)
+                    # dP_j = do · H[j] with do = dh[base:] (last layer) or G[t, out:] (the output's adjoint)
+                    if last:
+                        for j in range(n):
+                            dP[j] = dh[base + s[j]] + dh[base + S + j]
+                        for a in range(d0, din):
+                            da = dh[base + a]
+                            for j in range(n):
+                                dP[j] += da * Ht[a, j]
+                        for j in range(n):
+                            p = Pr[g, t, j]
+                            for a in range(d0, din):
+                                G[j, a] += p * dh[base + a]
+                    else:
+                        for j in range(n):
+                            dP[j] = G[t, base + s[j]] + G[t, base + S + j]
+                        for a in range(d0, din):
+                            da = G[t, base + a]
+                            for j in range(n):
+                                dP[j] += da * Ht[a, j]
+                        for j in range(n):
+                            p = Pr[g, t, j]
+                            for a in range(d0, din):
+                                G[j, a] += p * G[t, base + a]
+                    m = 0.0
+                    for j in range(n):
+                        m += Pr[g, t, j] * dP[j]
+                    for j in range(n):
+                        dP[j] = Pr[g, t, j] * (dP[j] - m)  # now dz_j
+                    st = s[t]
+                    if din == d0:  # layer 1 (x̃ only): dÃ[s_t or S+t, s_j or S+j] += dz_j
+                        pt = S + t
+                        for j in range(n):
+                            c = dP[j]
+                            sj = s[j]
+                            pj = S + j
+                            dA[g, st, sj] += c
+                            dA[g, st, pj] += c
+                            dA[g, pt, sj] += c
+                            dA[g, pt, pj] += c
+                        continue
+                    for b in range(din):
+                        du[b] = 0.0
+                    for j in range(n):
+                        c = dP[j]
+                        du[s[j]] += c
+                        du[S + j] += c
+                    for j in range(n):
+                        c = dP[j]
+                        for a in range(d0, din):
+                            du[a] += c * H[j, a]
+                            G[j, a] += c * Uq[g, t, a]
+                    for b in range(din):
+                        dA[g, st, b] += du[b]
+                    for b in range(din):
+                        dA[g, S + t, b] += du[b]
+                    for a in range(d0, din):
+                        x = H[t, a]
+                        for b in range(din):
+                            dA[g, a, b] += x * du[b]
+                    for b in range(din):
+                        c = du[b]
+                        for a in range(d0, din):
+                            G[t, a] += c * AT[g, b, a]
             for t in range(T):
-                for a in range(dw):
+                for a in range(d0, dw):
                     G[t, a] = 0.0
         for t in range(T):
             H[t, s[t]] = 0.0
