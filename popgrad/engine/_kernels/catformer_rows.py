@@ -112,8 +112,12 @@ def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, EA, W, WT, eps, softm
                         Pr[g, t, j] = e
                         tot += e
                     if tot >= 1e-200:
-                        for j in range(n):  # divided: a row of one entry is exactly 1
-                            Pr[g, t, j] /= tot
+                        if n == U(1):  # exactly 1 (e · (1/e) need not be): its exact zero gradient
+                            Pr[g, t, 0] = 1.0
+                        else:
+                            inv = 1.0 / tot
+                            for j in range(n):
+                                Pr[g, t, j] *= inv
                         ok = True
                 if not ok:
                     for b in range(din):
