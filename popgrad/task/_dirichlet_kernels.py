@@ -99,3 +99,41 @@ def gth_batch(pi, x, stuck):
         tot = _pairwise_sum(x[i], 0, S)
         for c in range(S):
             x[i, c] /= tot
+
+
+@njit(cache=True)
+def normalize_rows(g, out):
+    """``out = g / g.sum(axis=-1, keepdims=True)`` for ``g (N, R, S)`` with NumPy's summation order (its
+    pairwise sum of a contiguous row, ``S <= 128``): the same bits as the NumPy expression."""
+    N, R, S = g.shape
+    for i in range(N):
+        for r in range(R):
+            tot = _pairwise_sum(g[i, r], 0, S)
+            for c in range(S):
+                out[i, r, c] = g[i, r, c] / tot
+
+
+@njit(cache=True)
+def sample_tokens(pis, mu_cdf, parents, u, seqs):
+    """Positions ``0 … T-2`` of ``seqs (n, T)`` from the uniforms ``u (T-1, n)``: a root's token from ``mu_cdf[m]``,
+    a non-root's from the row ``pis[m, s_{p(i)}]`` -- the count of the row's cumulative sums ``≤ u`` (capped at
+    ``S - 1``), the cumulative sum taken as ``numpy.cumsum`` takes it (sequential), so the same tokens as the
+    NumPy loop of :meth:`popgrad.Task.sample` over ``numpy.cumsum(pis, axis=2)``."""
+    n, S = mu_cdf.shape
+    Tm1 = u.shape[0]
+    for m in range(n):
+        for i in range(Tm1):
+            x = u[i, m]
+            cnt = 0
+            if parents[i] < 0:
+                for c in range(S):
+                    if x >= mu_cdf[m, c]:
+                        cnt += 1
+            else:
+                q = seqs[m, parents[i]]
+                acc = 0.0
+                for c in range(S):
+                    acc += pis[m, q, c]
+                    if x >= acc:
+                        cnt += 1
+            seqs[m, i] = min(cnt, S - 1)

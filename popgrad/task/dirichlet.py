@@ -129,6 +129,13 @@ class _ContinuousPrior:
     def draw(self, n: int, rng) -> np.ndarray:
         """``n`` independent draws of ``π``, ``(n, S**k, S)``: each row ``Dirichlet(α1)`` (NumPy's gamma ratio)."""
         g = rng.standard_gamma(self._alpha, size=(n, self._S**self._k, self._S))
+        if self._S <= 128:  # g / g.sum(axis=2) by a numba loop in NumPy's order (the same bits, no temporaries)
+            from ._dirichlet_kernels import normalize_rows
+
+            out = np.empty_like(g)
+            normalize_rows(g, out)
+            if not np.isnan(out).any():  # a row of all-zero gammas is 0/0 (below)
+                return out
         tot = g.sum(axis=2, keepdims=True)
         bad = tot[..., 0] <= 0  # every gamma underflowed (tiny α): the row is a point mass at a uniform token
         if np.any(bad):

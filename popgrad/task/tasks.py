@@ -431,12 +431,13 @@ class Task(ExactTask):
             mu_cdf = np.cumsum(_dirichlet._gth_batch(pis), axis=1)
         else:
             mu_cdf = np.broadcast_to(np.arange(1, S + 1) / S, (n, S))
-        pi_cdf = np.cumsum(pis, axis=2)
         seqs = np.empty((n, T), dtype=np.int64)
-        for i in range(T - 1):
-            u = rng.random(n)[:, None]
-            cdf = mu_cdf if parents[i] < 0 else pi_cdf[rows, seqs[:, parents[i]]]
-            seqs[:, i] = np.minimum((u >= cdf).sum(axis=1), S - 1)
+        # position i's uniforms are row i of one draw (the stream of T-1 draws of n); the tokens by a numba loop
+        # over the rows' cumulative sums, the same numbers as the NumPy loop over np.cumsum(pis, axis=2)
+        from ._dirichlet_kernels import sample_tokens
+
+        u = rng.random((T - 1, n))
+        sample_tokens(pis, np.ascontiguousarray(mu_cdf), np.asarray(parents, dtype=np.int64), u, seqs)
         seqs[:, T - 1] = rng.integers(0, S, size=n)
         return Sample(seqs, pis[rows, seqs[:, T - 1]], np.full(n, -1, dtype=np.int64))
 

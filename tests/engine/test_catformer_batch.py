@@ -13,6 +13,7 @@ import popgrad as pg
 from popgrad.engine import catformer as E
 from popgrad.engine.catformer_rows import catformer_batch_loss_and_grad
 from popgrad.model.catformer import CatFormerParams, catformer_forward
+from popgrad.train.catformer import _row_losses
 from tests.engine.test_catformer import HEADS, assert_same, random_params
 
 
@@ -85,8 +86,10 @@ def test_batch_at_the_official_size_matches_the_trie_kernel():
     for heads in ((1, 1), (2, 1)):
         model = pg.CatFormer(10, 20, heads=heads)
         p = random_params(model, 4, 0.3, 0.3)
-        assert_same(catformer_batch_loss_and_grad(b.seqs, b.targets / 24, model, p),
-                    E.catformer_rows_loss_and_grad(b.seqs, b.targets / 24, model, p))
+        r = catformer_batch_loss_and_grad(b.seqs, b.targets / 24, model, p)
+        assert_same(r, E.catformer_rows_loss_and_grad(b.seqs, b.targets / 24, model, p))
+        # the trainer's per-row losses (kernel, times n) against its NumPy forward
+        np.testing.assert_allclose(r.row_loss * 24, _row_losses(model, p, b.seqs, b.targets, 0.0), rtol=1e-12)
 
 
 def test_blocks_change_rounding_only_and_reruns_are_bit_identical():
@@ -100,7 +103,8 @@ def test_blocks_change_rounding_only_and_reruns_are_bit_identical():
     for a, b in zip((*again.dA, again.dW, again.row_loss), (*ref.dA, ref.dW, ref.row_loss)):
         np.testing.assert_array_equal(a, b)
     for per in (1, 7, 10**4):
-        r = catformer_batch_loss_and_grad(seqs, w, model, params, options=pg.EngineOptions(catformer_rows_per_block=per))
+        opts = pg.EngineOptions(catformer_rows_per_block=per)
+        r = catformer_batch_loss_and_grad(seqs, w, model, params, options=opts)
         assert_same(r, ref, 1e-13)
         np.testing.assert_array_equal(r.row_loss, ref.row_loss)  # a row's loss never depends on its block
     perm = rng.permutation(300)

@@ -30,3 +30,45 @@ def test_sample_of_the_continuous_prior_is_unchanged_by_the_kernel(monkeypatch):
     old = task.sample(200, 3)
     np.testing.assert_array_equal(new.seqs, old.seqs)
     np.testing.assert_array_equal(new.targets, old.targets)
+
+
+def _sample_numpy(task, n, seed):
+    """The NumPy loop :meth:`Task.sample` ran for a continuous prior before its numba kernels (reference)."""
+    rng = np.random.default_rng(seed)
+    prior, S, T = task.prior, task.S, task.T
+    parents = task.graph.parents
+    g = rng.standard_gamma(prior.alpha, size=(n, S, S))
+    pis = g / g.sum(axis=2, keepdims=True)
+    rows = np.arange(n)
+    if prior.roots == "stationary":
+        mu_cdf = np.cumsum(D._gth_batch_numpy(pis), axis=1)
+    else:
+        mu_cdf = np.broadcast_to(np.arange(1, S + 1) / S, (n, S))
+    pi_cdf = np.cumsum(pis, axis=2)
+    seqs = np.empty((n, T), dtype=np.int64)
+    for i in range(T - 1):
+        u = rng.random(n)[:, None]
+        cdf = mu_cdf if parents[i] < 0 else pi_cdf[rows, seqs[:, parents[i]]]
+        seqs[:, i] = np.minimum((u >= cdf).sum(axis=1), S - 1)
+    seqs[:, T - 1] = rng.integers(0, S, size=n)
+    return seqs, pis[rows, seqs[:, T - 1]]
+
+
+@given(st.integers(2, 12), st.integers(2, 9), st.sampled_from([0.01, 0.1, 1.0]),
+       st.sampled_from(["stationary", "uniform"]), st.sampled_from(["chain", "tree"]), st.integers(0, 2**32 - 1))
+@settings(max_examples=25, deadline=None)
+def test_continuous_sample_is_the_numpy_loops_sample_bit_for_bit(S, T, alpha, roots, graph, seed):
+    g = pg.chain(T) if graph == "chain" else pg.random_tree(T, seed % 1000, root_prob=0.3)
+    task = pg.Task(g, pg.DirichletPrior(S, alpha, roots=roots))
+    b = task.sample(50, seed)
+    seqs, y = _sample_numpy(task, 50, seed)
+    np.testing.assert_array_equal(b.seqs, seqs)
+    np.testing.assert_array_equal(b.targets, y)
+
+
+def test_dirichlet_draw_normalization_is_numpys():
+    for S, k in ((3, 1), (9, 1), (17, 1), (3, 2)):
+        prior = pg.DirichletPrior(S, 0.1) if k == 1 else pg.DirichletTensorPrior(S, k, 0.1)
+        rng = np.random.default_rng(S)
+        g = rng.standard_gamma(0.1, size=(40, S**k, S))
+        np.testing.assert_array_equal(prior.draw(40, np.random.default_rng(S)), g / g.sum(axis=2, keepdims=True))
