@@ -49,8 +49,8 @@ def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, EA, W, WT, eps, softm
     Per head ``g`` (layer-major; the last layer's heads at row ``T-1`` only) and row ``t``:
     ``u = H[t] Ã_g`` (two row gathers for ``x̃_t``, row updates for the dense coordinates ``d_0 …``), scores
     ``z_j = u[s_j] + u[S+j] + u[d_0:] · H[j, d_0:]`` (``j ≤ t``), softmax, output ``o = Σ_j P_j H[j]``. A layer-1
-    head reads only ``x̃``: ``exp(z_tj - c) = EA[s_t,s_j] EA[s_t,S+j] EA[S+t,s_j] EA[S+t,S+j]`` with
-    ``EA = exp(Ã - rowmax)`` (``c`` the rows' maxima, a constant of the row; every factor ``≤ 1``), so no
+    head reads only ``x̃``: ``exp(z_tj - c) = R[s_j] R[S+j]`` with ``R = EA[s_t] ⊙ EA[S+t]`` and
+    ``EA = exp(Ã - rowmax)`` (``c`` the two rows' maxima, a constant of the row; every factor ``≤ 1``), so no
     ``exp`` per score; a row whose total falls below ``1e-200`` (underflow would cost precision) is computed
     with ``exp``. Reverse mode per head and row from the adjoint ``do`` of its output: ``dP_j = do · H[j]``,
     ``G[j] += P_j do``, ``dz = P ⊙ (dP - P·dP)``, ``du = Σ_j dz_j H[j]``, ``G[j] += dz_j u``,
@@ -71,6 +71,7 @@ def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, EA, W, WT, eps, softm
     o = np.zeros(dmax)
     dP = np.zeros(T)
     du = np.zeros(dmax)
+    Rt = np.zeros(d0)
     s = np.zeros(T, dtype=np.uint64)
     for t in range(T):  # x̃_t: the position one-hot is fixed
         H[t, S + t] = 1.0
@@ -102,13 +103,13 @@ def _rows_dense_block(lo, hi, seqs, w, dims, hinfo, A, AT, EA, W, WT, eps, softm
                 n = t + U(1)
                 st = s[t]
                 ok = False
-                if din == d0 and not last:  # layer 1: the exp table
+                if din == d0 and not last:  # layer 1: the exp table, R = EA[s_t] ⊙ EA[S+t] (tokens, positions ≤ t)
                     pt = S + t
+                    for c in range(S + n):
+                        Rt[c] = EA[g, st, c] * EA[g, pt, c]
                     tot = 0.0
                     for j in range(n):
-                        sj = s[j]
-                        pj = S + j
-                        e = (EA[g, st, sj] * EA[g, st, pj]) * (EA[g, pt, sj] * EA[g, pt, pj])
+                        e = Rt[s[j]] * Rt[S + j]
                         Pr[g, t, j] = e
                         tot += e
                     if tot >= 1e-200:
