@@ -1,4 +1,4 @@
-"""The sampled-batch kernel of the disentangled transformer: one sequence at a time, dense rows (DESIGN §18).
+"""The sampled-batch kernel of the disentangled transformer: one sequence at a time, dense rows (DESIGN §18, §23).
 
 The trie kernel (:func:`popgrad.engine._kernels.catformer.run_rows`) shares the rows of a common prefix
 between consecutive sorted rows: worth it over an enumeration or a weight table (long shared prefixes),
@@ -16,8 +16,11 @@ This kernel takes the rows in the given order, each sequence on its own, layer b
   ``L-1 … 1`` rows ``T-1 … 0``): the adjoints ``G[j]`` of the rows, ``dÃ`` and ``dW`` accumulated
   in the block's slot.
 
-Every inner loop is an update of a contiguous vector (``y += a·x``), never a reduction, so LLVM
-vectorizes it without reassociating a sum (no ``fastmath``); indices are unsigned (numba wraps a
+Layer 1 reads only ``x̃``: its scores come from a table ``EA = exp(Ã - rowmax)`` (no ``exp`` per score) and
+its ``dÃ`` is four scatters per score (:func:`_rows_dense_block`). The long inner loops are updates of a
+contiguous vector (``y += a·x``), not reductions, so LLVM vectorizes them without reassociating a sum (no
+``fastmath``); one function per block, no helper calls (numba counts references of every array passed to a
+function, atomically: those updates cost more than the arithmetic); indices are unsigned (numba wraps a
 negative signed index, a compare per access that keeps LLVM from vectorizing). Block ``b`` is rows
 ``b·per … (b+1)·per - 1`` in the given order, into slot ``b``; the caller adds the slots in block order,
 so the bits depend on the rows, their order and ``per`` only (not on the thread count).
@@ -32,7 +35,7 @@ from .twins import twins
 
 U = np.uint64
 
-#: Slots of the uint64 size vector ``dims`` (built by :func:`popgrad.engine.catformer_rows.dims_of`).
+#: Slots of the uint64 size vector ``dims`` (built by :func:`popgrad.engine.catformer_rows.dense_job`).
 I_T, I_S, I_D0, I_DW, I_NH, I_DMAX, I_DL, I_DL1, I_NINNER, I_NLAST = range(10)
 
 
