@@ -17,7 +17,8 @@
 * :mod:`.floor` -- the exact floor of the ε-perturbed loss (water-filling, DESIGN §15);
 * :mod:`.noise` -- the per-sample gradient's exact mean and covariance (``gradient_noise``; block protocol);
 * :mod:`.catformer` -- the full model's exact loss and gradients (trie engine on the block protocol, the rows
-  kernel ``catformer_rows_loss_and_grad``); :mod:`.catformer_symmetry` -- its exact orbit reduction along
+  kernel ``catformer_rows_loss_and_grad``); :mod:`.catformer_rows` -- its sampled batches (the dense batch
+  kernel ``catformer_batch_loss_and_grad``); :mod:`.catformer_symmetry` -- its exact orbit reduction along
   relabeling-equivariant parameters (DESIGN §21);
 * :mod:`.options` -- :class:`EngineOptions`, the engines' tunables in one object;
 * :mod:`._args` -- validation of the engines' arguments (``validate``, ``options_or_default``);
@@ -48,6 +49,7 @@ from .baselines import (
     optimal_loss_multi,
 )
 from .catformer import catformer_rows_loss_and_grad
+from .catformer_rows import catformer_batch_loss_and_grad
 from .floor import floor_loss
 from .noise import GradientNoise, flatten_grad, gradient_noise, gradient_noise_numpy, stage1_row_noise
 from .field import Stage1Field, field_atoms, stage1_field, stage1_field_from_atoms, stage1_field_numpy
@@ -66,4 +68,5 @@ __all__ = [
     "construction_loss_multi",
     "GradientNoise", "gradient_noise", "gradient_noise_numpy", "flatten_grad",
     "stage1_row_noise", "official_bayes_loss", "official_bayes_predict", "catformer_rows_loss_and_grad",
+    "catformer_batch_loss_and_grad",
 ]

@@ -129,6 +129,13 @@ class _ContinuousPrior:
     def draw(self, n: int, rng) -> np.ndarray:
         """``n`` independent draws of ``π``, ``(n, S**k, S)``: each row ``Dirichlet(α1)`` (NumPy's gamma ratio)."""
         g = rng.standard_gamma(self._alpha, size=(n, self._S**self._k, self._S))
+        if self._S <= 128:  # g / g.sum(axis=2) by a numba loop in NumPy's order (the same bits, no temporaries)
+            from ._dirichlet_kernels import normalize_rows
+
+            out = np.empty_like(g)
+            normalize_rows(g, out)
+            if not np.isnan(out).any():  # a row of all-zero gammas is 0/0 (below)
+                return out
         tot = g.sum(axis=2, keepdims=True)
         bad = tot[..., 0] <= 0  # every gamma underflowed (tiny α): the row is a point mass at a uniform token
         if np.any(bad):
@@ -453,7 +460,30 @@ def _s2_expectation(n, r, alpha, order):
 
 
 def _gth_batch(pi):
-    """Stationary distributions of ``(N, S, S)`` chains with positive off-diagonal row sums (GTH, vectorized)."""
+    """Stationary distributions of ``(N, S, S)`` chains with positive off-diagonal row sums (GTH).
+
+    The numba kernel :func:`popgrad.task._dirichlet_kernels.gth_batch` (the same bits as the vectorized
+    NumPy reference :func:`_gth_batch_numpy`, several times faster: the sampler's roots); a reducible chain
+    (a zero pivot) goes to the per-matrix GTH, as there.
+    """
+    from ._dirichlet_kernels import gth_batch
+
+    A = np.ascontiguousarray(pi, dtype=np.float64)
+    N, S, _ = A.shape
+    if S > 128:  # the kernel's sum follows NumPy's pairwise order up to 128 terms
+        return _gth_batch_numpy(pi)
+    x = np.empty((N, S))
+    stuck = np.empty(N, dtype=np.bool_)
+    gth_batch(A, x, stuck)
+    if np.any(stuck):
+        from .priors import stationary_distribution
+
+        x[stuck] = stationary_distribution(np.asarray(pi)[stuck])
+    return x
+
+
+def _gth_batch_numpy(pi):
+    """NumPy reference of :func:`_gth_batch` (vectorized over the chains)."""
     A = np.array(pi, dtype=np.float64)
     N, S, _ = A.shape
     # a zero pivot (a reducible chain: possible when a Dirichlet draw underflows) goes to the per-matrix GTH

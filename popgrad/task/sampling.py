@@ -74,7 +74,13 @@ def sample_continuous(task, n: int, rng) -> Sample:
     else:
         mu_cdf = np.broadcast_to(np.arange(1, S + 1) / S, (n, S))
     seqs = np.empty((n, T), dtype=np.int64)
-    _draw_non_query(rng, task.graph.parents, seqs, mu_cdf, np.cumsum(pis, axis=2), rows)
+    # position i's uniforms are row i of one draw (the stream of T-1 draws of n, as _draw_non_query reads it);
+    # the tokens by a numba loop over the rows' cumulative sums: the same numbers as _draw_non_query over
+    # np.cumsum(pis, axis=2) (tests/task/test_gth_kernel.py)
+    from ._dirichlet_kernels import sample_tokens
+
+    u = rng.random((T - 1, n))
+    sample_tokens(pis, np.ascontiguousarray(mu_cdf), np.asarray(task.graph.parents, dtype=np.int64), u, seqs)
     seqs[:, T - 1] = rng.integers(0, S, size=n)
     return Sample(seqs, pis[rows, seqs[:, T - 1]], np.full(n, -1, dtype=np.int64))
 

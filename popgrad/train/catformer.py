@@ -18,7 +18,7 @@ Sampled gradient: step ``t`` draws ``batch_size`` sequences with their soft
 labels ``y = π(·|s_T)`` from ``task.sample`` with seed
 ``SeedSequence([sample_seed, t])`` (so a run is the same after a resume) and
 follows the gradient of the batch mean of ``−Σ_c y_c log f_c``
-(:func:`batch_loss_and_grad`, the engine's row kernel); at a recorded step the
+(:func:`batch_loss_and_grad`, the engine's dense batch kernel); at a recorded step the
 loss is that batch's estimate with its standard error (``loss_se``), which the
 divergence rule reads with its standard error (:mod:`popgrad.train.loop`);
 between records only a non-finite batch loss is read.
@@ -46,7 +46,8 @@ import numpy as np
 
 from .._io import atomic_savez
 from .._validation import ArgumentTypeError, as_int, as_real
-from ..engine.catformer import catformer_loss_and_grad, catformer_rows_loss_and_grad
+from ..engine.catformer import catformer_loss_and_grad
+from ..engine.catformer_rows import catformer_batch_loss_and_grad
 from ..engine.sampled import estimate
 from ..model.catformer import CatFormer, CatFormerParams, check_task_model
 from .loop import StepValues, run_schedule, start_state
@@ -355,12 +356,14 @@ def batch_loss_and_grad(model: CatFormer, params: CatFormerParams, seqs, targets
 
     ``L = (1/n) Σ_m −Σ_c y_mc log(f_c(s_m) + ε)``; returns ``(L, dA list, dW, losses)`` with ``losses`` the
     ``n`` per-sequence losses when ``per_row`` (for the standard error; one NumPy forward pass), else
-    ``None``. The gradient is the engine's row kernel :func:`popgrad.engine.catformer.catformer_rows_loss_and_grad`
-    with weights ``y/n`` (NumPy reference: :func:`popgrad.model.catformer.catformer_backward`).
+    ``None``. The gradient is the engine's dense batch kernel
+    :func:`popgrad.engine.catformer_rows.catformer_batch_loss_and_grad` with weights ``y/n``, rows in the sample's
+    order (the one rule between the row kernels is in that module); the per-row losses are the kernel's,
+    times ``n`` (NumPy reference: :func:`popgrad.model.catformer.catformer_backward`, :func:`_row_losses`).
     """
     n = seqs.shape[0]
-    res = catformer_rows_loss_and_grad(seqs, targets / n, model, params, eps)
-    losses = _row_losses(model, params, seqs, targets, eps) if per_row else None
+    res = catformer_batch_loss_and_grad(seqs, targets / n, model, params, eps)
+    losses = res.row_loss * n if per_row else None
     return res.loss, list(res.dA), res.dW, losses
 
 
