@@ -25,6 +25,7 @@ sums are added in chunk order, so the result is bit-identical to ``client=None``
 The models:
 
 * :func:`catformer_hvp` -- the disentangled transformer (DESIGN §18), every parameter;
+* :func:`catformer_rows_hvp` -- the same model's loss on given rows with given weights (a sampled batch);
 * :func:`hvp` -- the reduced models: single head (``A1 (T,T)``, ``A2 (S,S)``, DESIGN §3–§4)
   and k heads (``(k,T,T)``, ``(k,S,S)``, DESIGN §9).
 
@@ -40,10 +41,11 @@ import numpy as np
 
 from .._validation import ArgumentTypeError, as_eps
 from ..model.catformer import CatFormerParams, check_task_model
+from ..task.tasks import decode_sequences
 from ._args import validate
 
 __all__ = [
-    "catformer_hvp", "hvp", "catformer_grad_complex", "reduced_grad_complex", "flatten_params", "unflatten_params",
+    "catformer_hvp", "hvp", "catformer_rows_hvp", "catformer_grad_complex", "reduced_grad_complex", "flatten_params", "unflatten_params",
 ]
 
 #: Names that moved to :mod:`popgrad.engine.hessian`; ``from popgrad.engine.hvp import head_swap`` still works.
@@ -154,7 +156,13 @@ def _catformer_chunk(model, A, W, seqs, w, eps):
 
 
 def _fill(task, start, stop):
-    """Sequences ``start … stop-1`` (the task's numbering) with their exact weights."""
+    """Sequences ``start … stop-1`` (the task's numbering) with their exact weights.
+
+    A continuous prior (:class:`popgrad.DirichletPrior`, :class:`popgrad.DirichletTensorPrior`) has no atoms: its
+    weights are the task's weight table (DESIGN §20), read by rows; a finite prior's are summed over its atoms.
+    """
+    if task.continuous:
+        return decode_sequences(start, stop, task.S, task.T), np.asarray(task.weight_rows(start, stop))
     n = stop - start
     seqs = np.empty((n, task.T), dtype=np.int64)
     w = np.empty((n, task.S), dtype=np.float64)
@@ -351,6 +359,51 @@ def _catformer_hvp_flat(task, model, params, vf, eps, client=None) -> CatFormerP
     x = flatten_params(params) + 1j * h * vf
     pc = unflatten_params(model, x)
     _, dA, dW = catformer_grad_complex(task, model, pc, eps, client)
+    return CatFormerParams([np.ascontiguousarray(a.imag / h) for a in dA], np.ascontiguousarray(dW.imag / h))
+
+
+def catformer_rows_hvp(seqs, w, model, params, v, eps=None) -> CatFormerParams:
+    """Exact Hessian-vector product of the CatFormer's loss on given rows (the sampled step's Hessian).
+
+    The loss is :func:`popgrad.engine.catformer.catformer_rows_loss_and_grad`'s,
+    ``Σ_r Σ_c w[r, c] (−log(f_c(s_r) + ε))``: sampled training (``train_catformer(gradient="sampled")``)
+    follows it with a batch and ``w = y/n``, so this is the Hessian of the batch loss one sampled step
+    descends. Same complex-step scheme as :func:`catformer_hvp` (module docstring), in chunks of
+    :data:`CHUNK` rows.
+
+    Parameters
+    ----------
+    seqs : array_like of int, shape (n, T)
+    w : array_like of float, shape (n, S)
+        Finite weights ``≥ 0``.
+    model : CatFormer
+    params, v : CatFormerParams
+        The point and the direction.
+    eps : float, optional
+        As in :func:`popgrad.engine.catformer.catformer_rows_loss_and_grad` (default 0 for the softmax readout).
+
+    Returns
+    -------
+    CatFormerParams
+        ``H v`` with the structure of ``params``.
+    """
+    from .catformer import _validate_rows
+
+    seqs, w, params, eps, _ = _validate_rows(seqs, w, model, params, eps, None)
+    v = _cat_direction(model, v)
+    return _rows_hvp_flat(seqs, w, model, params, flatten_params(v), eps)
+
+
+def _rows_hvp_flat(seqs, w, model, params, vf, eps) -> CatFormerParams:
+    h = _step(vf)
+    if h == 0.0:
+        return unflatten_params(model, np.zeros_like(vf))
+    pc = unflatten_params(model, flatten_params(params) + 1j * h * vf)
+    A, W = list(pc[0]), pc[1]
+    parts = [_catformer_chunk(model, A, W, seqs[a:b], w[a:b], eps) for a, b in _ranges(seqs.shape[0], CHUNK)]
+    if not parts:
+        return unflatten_params(model, np.zeros_like(vf))
+    _, dA, dW = _sum_parts(parts)
     return CatFormerParams([np.ascontiguousarray(a.imag / h) for a in dA], np.ascontiguousarray(dW.imag / h))
 
 
