@@ -100,6 +100,14 @@ def run_reduced(task, scale, seed, steps):
 
 
 # ============================================================ the exact stability study (DESIGN §22)
+def prior_words(args):
+    """The prior of ``--prior`` in words (the tables' captions)."""
+    if args.prior == "continuous":
+        return f"continuous DirichletTensorPrior(S, 2, {args.alpha:g}) (the official task; roots uniform)"
+    return (f"finite prior: 16 Dirichlet({args.alpha:g}) tensors closed under parent and token relabelings "
+            "(exact for it)")
+
+
 def stability_run(task, optimizer, steps, epsilon=1e-8, seed=0, spectrum_every=None, lr=None):
     """One exact run from the symmetric start (heads (2, 1)) with its linearisation, spectra and read-outs."""
     from popgrad.checks import symmetry_breaking as sb
@@ -161,11 +169,10 @@ def stability_main(args, out):
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
     opts = args.optimizers.split(",")
     lines = ["Exact runs from the symmetric start (heads (2, 1), Ã ~ 1e-4·N(0,1) symmetrised, W = 0, plus an "
-             f"antisymmetric perturbation of norm ε = {args.epsilon:g}); two-parent graph, Dirichlet({args.alpha:g}) "
-             "tensors (16 draws closed under parent and token relabelings; the finite prior, exact for it).", ""]
+             f"antisymmetric perturbation of norm ε = {args.epsilon:g}); two-parent graph, {prior_words(args)}.", ""]
     rows = []
     for S, T in sizes:
-        task = two_parent_task(S, T, alpha=args.alpha)
+        task = two_parent_task(S, T, alpha=args.alpha, prior=args.prior)
         for opt in opts:
             steps = args.stab_steps
             res = stability_run(task, opt, steps, epsilon=args.epsilon, spectrum_every=max(1, steps // 8))
@@ -179,7 +186,7 @@ def stability_main(args, out):
     lines += rows
     lines += ["", f"Reproduce: python examples/catformer_symmetry.py --stability --sizes {args.sizes} "
                   f"--optimizers {args.optimizers} --stab-steps {args.stab_steps} --epsilon {args.epsilon:g} "
-                  f"--alpha {args.alpha:g}"]
+                  f"--alpha {args.alpha:g} --prior {args.prior}"]
     write(out, "stability_table.md", "\n".join(lines))
 
 
@@ -188,7 +195,7 @@ def plateau_main(args, out):
     from popgrad.checks import symmetry_breaking as sb
 
     S, T = [int(x) for x in args.sizes.split(",")[0].split("x")]
-    task = two_parent_task(S, T, alpha=args.alpha)
+    task = two_parent_task(S, T, alpha=args.alpha, prior=args.prior)
     model = pg.CatFormer(S, T, heads=(2, 1))
     start = sb.symmetric_start(model, 1e-4, 0, args.epsilon)
     lines = [f"Plateaus of GD (constant lr) from the symmetric start, S = {S}, T = {T}, two-parent, "
@@ -215,7 +222,7 @@ def plateau_main(args, out):
         lines.append(f"| {lr:g} | {steps} | {desc} | {extra} |")
         print(lines[-1], flush=True)
     lines += ["", f"Reproduce: python examples/catformer_symmetry.py --plateaus --sizes {S}x{T} --lrs {args.lrs} "
-                  f"--stab-steps {args.stab_steps} --epsilon {args.epsilon:g} --alpha {args.alpha:g}"]
+                  f"--stab-steps {args.stab_steps} --epsilon {args.epsilon:g} --alpha {args.alpha:g} --prior {args.prior}"]
     write(out, "plateau_table.md", "\n".join(lines))
 
 
@@ -247,11 +254,11 @@ def sweep_main(args, out):
             "/ slot 1 / both / Bayes | split? | s |")
     lines = [f"GD (lr 1 cosine) and AdamW (lr 1e-2 cosine, wd 1e-4) for {steps} exact steps from the symmetric start "
              f"(ε = {args.epsilon:g}, Ã ~ 1e-4 symmetrised, W = 0), heads (2, 1), two-parent graph, "
-             f"Dirichlet({args.alpha:g}) tensors, 16 draws closed under relabelings (finite prior). Spectra by "
+             f"{prior_words(args)}. Spectra by "
              "Lanczos (tol 1e-6) at the GD end point's symmetric part.", "", head, "|" + "---|" * (head.count("|") - 1)]
     for S, T in sizes:
         t0 = time.perf_counter()
-        task = two_parent_task(S, T, alpha=args.alpha)
+        task = two_parent_task(S, T, alpha=args.alpha, prior=args.prior)
         model = pg.CatFormer(S, T, heads=(2, 1))
         start = sb.symmetric_start(model, 1e-4, 0, args.epsilon)
         gd = pg.train_catformer(task, model, steps, optimizer="gd", lr=1.0, lr_schedule="cosine", init=start,
@@ -286,7 +293,7 @@ def sweep_main(args, out):
     lines += ["", "split? = the two heads' mean positional preferences have opposite signs and M (population) "
                   "prefers distinct slots.",
               f"Reproduce: python examples/catformer_symmetry.py --sweep --sizes {args.sizes} --stab-steps {steps} "
-              f"--epsilon {args.epsilon:g} --alpha {args.alpha:g}"]
+              f"--epsilon {args.epsilon:g} --alpha {args.alpha:g} --prior {args.prior}"]
     write(out, "sweep_table.md", "\n".join(lines))
 
 
@@ -315,12 +322,12 @@ def curvature_main(args, out):
     steps = args.stab_steps
     lines = [f"Curvature u·H·u of the unit parent-split direction u (head 0's positional block toward slot 0, head 1's "
              f"toward slot 1, antisymmetric) at the end of GD (lr 1 cosine, {steps} exact steps from the symmetric "
-             f"start, ε = {args.epsilon:g}), two-parent, Dirichlet({args.alpha:g}), heads (2, 1).", "",
+             f"start, ε = {args.epsilon:g}), two-parent, {prior_words(args)}, heads (2, 1).", "",
              "| S | T | GD final loss | u·H·u | ‖P_anti H u‖ / ‖H u‖ | loss(θ̄ + t u) − loss(θ̄), t = 0.5, 1, 2 | s |",
              "|---|---|---|---|---|---|---|"]
     for S, T in [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]:
         t0 = time.perf_counter()
-        task = two_parent_task(S, T, alpha=args.alpha)
+        task = two_parent_task(S, T, alpha=args.alpha, prior=args.prior)
         model = pg.CatFormer(S, T, heads=(2, 1))
         gd = pg.train_catformer(task, model, steps, optimizer="gd", lr=1.0, lr_schedule="cosine",
                                 init=sb.symmetric_start(model, 1e-4, 0, args.epsilon), record_every=steps)
@@ -336,7 +343,7 @@ def curvature_main(args, out):
                      + ", ".join(f"{v:+.3g}" for v in dl) + f" | {time.perf_counter() - t0:.0f} |")
         print(lines[-1], flush=True)
     lines += ["", f"Reproduce: python examples/catformer_symmetry.py --curvature --sizes {args.sizes} "
-                  f"--stab-steps {steps} --epsilon {args.epsilon:g} --alpha {args.alpha:g}"]
+                  f"--stab-steps {steps} --epsilon {args.epsilon:g} --alpha {args.alpha:g} --prior {args.prior}"]
     write(out, "curvature_table.md", "\n".join(lines))
 
 
@@ -349,11 +356,11 @@ def basin_main(args, out):
     steps = args.stab_steps
     lines = [f"GD (lr 1 cosine, 1024 steps) from the symmetric start to θ̄, then GD lr 1 constant for {steps} steps "
              "from θ̄ + t·u (u: unit parent-split direction, `split_direction`); two-parent, "
-             f"Dirichlet({args.alpha:g}), heads (2, 1).", "",
+             f"{prior_words(args)}, heads (2, 1).", "",
              "| S | T | t | loss at θ̄ + t·u → end | ‖δ‖ at records | positional preference per head (slot 0 − slot 1) "
              "at records | M[h, slot] population (end) | status | s |", "|---|---|---|---|---|---|---|---|---|"]
     for S, T in [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]:
-        task = two_parent_task(S, T, alpha=args.alpha)
+        task = two_parent_task(S, T, alpha=args.alpha, prior=args.prior)
         model = pg.CatFormer(S, T, heads=(2, 1))
         gd = pg.train_catformer(task, model, 1024, optimizer="gd", lr=1.0, lr_schedule="cosine",
                                 init=sb.symmetric_start(model, 1e-4, 0, args.epsilon), record_every=1024)
@@ -376,8 +383,106 @@ def basin_main(args, out):
                          f"{tr.status} at step {int(tr.step[-1])} | {time.perf_counter() - t0:.0f} |")
             print(lines[-1], flush=True)
     lines += ["", f"Reproduce: python examples/catformer_symmetry.py --basin --sizes {args.sizes} --offsets "
-                  f"{args.offsets} --stab-steps {steps} --epsilon {args.epsilon:g} --alpha {args.alpha:g}"]
+                  f"{args.offsets} --stab-steps {steps} --epsilon {args.epsilon:g} --alpha {args.alpha:g} --prior {args.prior}"]
     write(out, "basin_table.md", "\n".join(lines))
+
+
+#: The study's arms: (label, optimizer, lr, weight decay, gradient); every one cosine from the symmetric start.
+ARMS = {"gd": ("gd", 1.0, 0.0, "exact"), "adamw": ("adamw", 1e-2, 1e-4, "exact"),
+        "sgd-sampled": ("sgd", 1.0, 0.0, "sampled"), "adamw-sampled": ("adamw", 1e-2, 1e-4, "sampled")}
+
+STUDY_HEADER = ("| S | T | arm | λ_min of H_anti at steps {spec} | min λ_min (step) | Adam-preconditioned λ_min at "
+                "those steps | unstable from step | ‖δ‖ at steps {q} | linearisation: max rel. error over steps "
+                "1–{lin} / < 10 % through step | δ/‖δ‖'s head-0 preference (slot 0 − slot 1 logit): step {lin}, end | "
+                "eigvec head-0 preference (end) | u·H·u (split direction, end) | exact loss: start → end | "
+                "M[h, slot] population | positional preference per head | ablation: loss / head 0 off / head 1 off / "
+                "both off | split? | s |")
+
+
+def study_row(task, model, arm, args):
+    """One arm of the official-task study: the followed run, its spectra, linearisation and read-outs."""
+    from popgrad.checks import symmetry_breaking as sb
+    from popgrad.engine import hessian as Hs
+    from popgrad.engine import hvp as H
+
+    opt, lr, wd, gradient = ARMS[arm]
+    steps, lin = args.stab_steps, min(args.lin_steps, args.stab_steps)
+    spec = sorted({t for t in (0, 16, lin, steps) if t <= steps})
+    t0 = time.perf_counter()
+    start = sb.symmetric_start(model, 1e-4, 0, args.epsilon)
+    run = sb.follow_symmetric_start(task, model, start, steps, optimizer=opt, lr=lr, lr_schedule="cosine",
+                                    weight_decay=wd, spectrum_steps=spec, spectrum_tol=1e-5, gradient=gradient,
+                                    batch_size=args.batch_size, sample_seed=0, linearize_until=lin)
+    x = H.flatten_params(run.final)
+    perm = Hs.head_swap(model)
+    xb = (x + x[perm]) / 2
+    u = split_direction(task, model)
+    uhu = float(u @ H.flatten_params(pg.catformer_hvp(task, model, H.unflatten_params(model, xb),
+                                                      H.unflatten_params(model, u))))
+    M = cc.slot_attention(task.graph, cc.population_attention(task, model, run.final))
+    prefs = sb.positional_margins(task, model, run.final).preference.mean(axis=1)
+    ab = sb.head_ablation(task, model, run.final)
+    split = bool(prefs[0] * prefs[1] < 0 and cc.soft_split(M))
+    q = sorted({t for t in (0, 1, 2, 10, 100, lin, steps) if t <= steps})
+    err = run.err_lin[1:lin + 1]
+    bad = np.flatnonzero(~(err < 0.1))
+    through = lin if bad.size == 0 else int(bad[0])  # err_lin[1 + j] fails first at step 1 + j
+    i_min = int(np.argmin(run.lam_min))
+    adam = opt == "adamw"
+    row = (f"| {task.S} | {task.T} | {arm} | " + ", ".join(f"{v:+.3g}" for v in run.lam_min)
+           + f" | {run.lam_min[i_min]:+.3g} ({int(run.spec_step[i_min])}) | "
+           + (", ".join(f"{v:+.3g}" for v in run.plam_min) if adam else "–")
+           + f" | {run.unstable_step()} | " + ", ".join(f"{run.delta[t]:.3g}" for t in q)
+           + f" | {np.nanmax(err):.2g} / {through} | {run.pref_delta[lin][0] / run.delta[lin]:+.2g}, "
+           f"{run.pref_delta[-1][0] / run.delta[-1]:+.2g} | "
+           f"{run.pref_eig[-1][0]:+.2g} | {uhu:+.3g} | {run.loss[0]:.4f} → {run.loss[-1]:.4f} | "
+           f"{np.array2string(M, precision=2, separator=',').replace(chr(10), '')} | "
+           f"{np.array2string(prefs, precision=3, separator=',')} | "
+           f"{ab.loss:.4f} / {ab.ablated[0]:.4f} / {ab.ablated[1]:.4f} / {ab.both:.4f} | "
+           f"{'yes' if split else 'no'} | {time.perf_counter() - t0:.0f} |")
+    refs = (ab.one_parent, ab.two_parent, ab.bayes)
+    return row, run, spec, q, lin, refs
+
+
+def study_main(args, out):
+    """The official task (continuous prior) at enumerable sizes: GD, AdamW, SGD and AdamW on sampled batches."""
+    sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
+    arms = args.arms.split(",")
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise SystemExit(f"--arms: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    lines = [f"Exact runs from the symmetric start (heads (2, 1), Ã ~ 1e-4·N(0,1) symmetrised, W = 0, plus a random "
+             f"antisymmetric perturbation of norm ε = {args.epsilon:g}), {args.stab_steps} cosine steps; two-parent "
+             f"graph, {prior_words(args)}. Arms: gd (lr 1), adamw (lr 1e-2, wd 1e-4), sgd-sampled (lr 1, batches of "
+             f"{args.batch_size}, seed 0), adamw-sampled (the official recipe on batches of {args.batch_size}). "
+             "λ's: the population Hessian's antisymmetric block at the symmetric part θ̄_t (Lanczos, tol 1e-5); "
+             "sampled arms' linearisation uses each step's batch Hessian.", ""]
+    rows, refs_lines, head = [], [], None
+    for S, T in sizes:
+        task = two_parent_task(S, T, alpha=args.alpha, prior=args.prior)
+        model = pg.CatFormer(S, T, heads=(2, 1))
+        for arm in arms:
+            row, run, spec, q, lin, refs = study_row(task, model, arm, args)
+            head = head or (spec, q, lin)
+            rows.append(row)
+            print(row, flush=True)
+            np.savez(f"{out}/study_S{S}_T{T}_{arm}.npz", **{k: np.asarray(v) for k, v in run._asdict().items()
+                                                            if k not in ("final", "optimizer")})
+        one, two, bayes = refs
+        refs_lines.append(f"| {S} | {T} | {task.n_sequences} | {one[0]:.4f} | {one[1]:.4f} | {two:.4f} | {bayes:.4f} |")
+    spec, q, lin = head
+    h = (STUDY_HEADER.replace("{spec}", ", ".join(map(str, spec))).replace("{q}", ", ".join(map(str, q)))
+         .replace("{lin}", str(lin)))
+    lines += [h, "|" + "---|" * (h.count("|") - 1)] + rows
+    lines += ["", "Count references (Krichevsky–Trofimov add-½ in-context estimators, exact) and the Bayes loss:", "",
+              "| S | T | sequences | slot 0 | slot 1 | both slots | Bayes |", "|---|---|---|---|---|---|---|"]
+    lines += refs_lines
+    lines += ["", "split? = the two heads' mean positional preferences have opposite signs and M (population) prefers "
+                  "distinct slots. u = unit parent-split direction (`split_direction`).",
+              f"Reproduce: python examples/catformer_symmetry.py --study --sizes {args.sizes} --arms {args.arms} "
+              f"--stab-steps {args.stab_steps} --lin-steps {args.lin_steps} --batch-size {args.batch_size} "
+              f"--epsilon {args.epsilon:g} --alpha {args.alpha:g} --prior {args.prior}"]
+    write(out, "study_table.md", "\n".join(lines))
 
 
 def main():
@@ -400,6 +505,12 @@ def main():
                    help="GD from the symmetric end point plus t units of the parent-split direction (basin_table.md)")
     p.add_argument("--offsets", default="0,2", help="t values for --basin")
     p.add_argument("--sweep", action="store_true", help="S x T sweep: GD/AdamW, spectrum at GD's end (sweep_table.md)")
+    p.add_argument("--study", action="store_true",
+                   help="the official-task study: GD, AdamW, SGD and AdamW on sampled batches from the symmetric "
+                        "start, spectra, linearisation, read-outs (study_table.md)")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"arms of --study, from {', '.join(ARMS)}")
+    p.add_argument("--lin-steps", type=int, default=128, help="--study: steps the linearisation is carried")
+    p.add_argument("--batch-size", type=int, default=1024, help="--study: sequences per sampled batch")
     p.add_argument("--sizes", default="2x6,2x8", help="SxT list for --stability / --plateaus")
     p.add_argument("--optimizers", default="gd,adamw")
     p.add_argument("--stab-steps", type=int, default=1024)
@@ -407,9 +518,9 @@ def main():
     p.add_argument("--lrs", default="0.5,1,2", help="learning rates for --plateaus")
     args = p.parse_args()
     out = ensure_out(args.out)
-    if args.stability or args.plateaus or args.sweep or args.curvature or args.basin:
+    if args.stability or args.plateaus or args.sweep or args.curvature or args.basin or args.study:
         if args.quick:
-            args.sizes, args.stab_steps = "2x4", 16
+            args.sizes, args.stab_steps, args.lin_steps, args.batch_size = "2x4", 16, 8, 64
         if args.stability:
             stability_main(args, out)
         if args.plateaus:
@@ -420,6 +531,8 @@ def main():
             curvature_main(args, out)
         if args.basin:
             basin_main(args, out)
+        if args.study:
+            study_main(args, out)
         return
     S = 2
     if args.quick:
