@@ -407,7 +407,7 @@ def study_row(task, model, arm, args):
 
     opt, lr, wd, gradient = ARMS[arm]
     steps, lin = args.stab_steps, min(args.lin_steps, args.stab_steps)
-    spec = sorted({t for t in (0, 16, lin, steps) if t <= steps})
+    spec = sorted({t for t in (0, lin, steps) if t <= steps})
     t0 = time.perf_counter()
     start = sb.symmetric_start(model, 1e-4, 0, args.epsilon)
     run = sb.follow_symmetric_start(task, model, start, steps, optimizer=opt, lr=lr, lr_schedule="cosine",
