@@ -485,6 +485,43 @@ def study_main(args, out):
     write(out, "study_table.md", "\n".join(lines))
 
 
+def long_main(args, out):
+    """Plain GD (constant lr 1) for many exact steps from the symmetric start: does the unstable antisymmetric
+    direction, once grown out of the linear regime, end in a parent split?"""
+    from popgrad.checks import symmetry_breaking as sb
+
+    steps = args.stab_steps
+    lines = [f"GD (lr 1 constant) for {steps} exact steps from the symmetric start (ε = {args.epsilon:g}), two-parent, "
+             f"{prior_words(args)}, heads (2, 1). ‖δ‖ and the positional preference per head at steps 0, "
+             f"{steps // 8}, {steps // 4}, {steps // 2}, {steps}.", "",
+             "| S | T | ‖δ‖ at those steps | growth rate ln(‖δ‖_end/‖δ‖_{T/2})/(steps/2) | loss at those steps | "
+             "positional preference per head (end) | M[h, slot] population (end) | split? | status | s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for S, T in [tuple(int(x) for x in s_.split("x")) for s_ in args.sizes.split(",")]:
+        t0 = time.perf_counter()
+        task = two_parent_task(S, T, alpha=args.alpha, prior=args.prior)
+        model = pg.CatFormer(S, T, heads=(2, 1))
+        tr = pg.train_catformer(task, model, steps, optimizer="gd", lr=1.0, lr_schedule="constant",
+                                init=sb.symmetric_start(model, 1e-4, 0, args.epsilon), record_every=max(1, steps // 8))
+        idx = [list(tr.step).index(t) for t in (0, steps // 8, steps // 4, steps // 2) if t in tr.step]
+        idx.append(len(tr.step) - 1)
+        dn = [float(np.linalg.norm(sb.antisymmetric_part(model, tr.params(r)))) for r in idx]
+        rate = np.log(dn[-1] / dn[-2]) / (tr.step[idx[-1]] - tr.step[idx[-2]]) if dn[-2] > 0 else float("nan")
+        prefs = sb.positional_margins(task, model, tr.final).preference.mean(axis=1)
+        M = cc.slot_attention(task.graph, cc.population_attention(task, model, tr.final))
+        split = bool(prefs[0] * prefs[1] < 0 and cc.soft_split(M))
+        lines.append(f"| {S} | {T} | " + ", ".join(f"{d:.3g}" for d in dn) + f" | {rate:+.3g} | "
+                     + ", ".join(f"{tr.loss[r]:.4f}" for r in idx)
+                     + f" | {np.array2string(prefs, precision=3, separator=',')} | "
+                     f"{np.array2string(M, precision=2, separator=',').replace(chr(10), '')} | "
+                     f"{'yes' if split else 'no'} | {tr.status} at step {int(tr.step[-1])} | "
+                     f"{time.perf_counter() - t0:.0f} |")
+        print(lines[-1], flush=True)
+    lines += ["", f"Reproduce: python examples/catformer_symmetry.py --long --sizes {args.sizes} --stab-steps {steps} "
+                  f"--epsilon {args.epsilon:g} --alpha {args.alpha:g} --prior {args.prior}"]
+    write(out, "long_table.md", "\n".join(lines))
+
+
 def main():
     p = parser(__doc__, "examples_out/catformer_symmetry", quick_help="T = 6, 100 steps, 2 seeds (smoke test)")
     p.add_argument("--T", type=int, default=8)
@@ -508,6 +545,8 @@ def main():
     p.add_argument("--study", action="store_true",
                    help="the official-task study: GD, AdamW, SGD and AdamW on sampled batches from the symmetric "
                         "start, spectra, linearisation, read-outs (study_table.md)")
+    p.add_argument("--long", action="store_true",
+                   help="plain GD (constant lr) for --stab-steps steps from the symmetric start (long_table.md)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"arms of --study, from {', '.join(ARMS)}")
     p.add_argument("--lin-steps", type=int, default=128, help="--study: steps the linearisation is carried")
     p.add_argument("--batch-size", type=int, default=1024, help="--study: sequences per sampled batch")
@@ -518,7 +557,7 @@ def main():
     p.add_argument("--lrs", default="0.5,1,2", help="learning rates for --plateaus")
     args = p.parse_args()
     out = ensure_out(args.out)
-    if args.stability or args.plateaus or args.sweep or args.curvature or args.basin or args.study:
+    if args.stability or args.plateaus or args.sweep or args.curvature or args.basin or args.study or args.long:
         if args.quick:
             args.sizes, args.stab_steps, args.lin_steps, args.batch_size = "2x4", 16, 8, 64
         if args.stability:
@@ -533,6 +572,8 @@ def main():
             basin_main(args, out)
         if args.study:
             study_main(args, out)
+        if args.long:
+            long_main(args, out)
         return
     S = 2
     if args.quick:
