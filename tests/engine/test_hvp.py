@@ -397,3 +397,18 @@ def test_reduced_single_spectrum_matches_dense():
     assert np.abs(sp.values - np.concatenate([ev[:2], ev[-2:]])).max() <= 1e-8 * np.abs(ev).max()
     with pytest.raises(ValueError, match="subspace needs two heads"):
         pg.hessian_spectrum(task, "reduced", (A1, A2), subspace="head_antisymmetric")
+
+
+def test_spectra_moved_to_hessian_keep_their_old_import_paths():
+    """engine.hvp was split: the spectra and subspaces live in engine.hessian and stay importable from engine.hvp."""
+    import popgrad.engine.hessian as Hs
+
+    for name in ("head_swap", "subspace_basis", "basis_embed", "basis_project", "HessianSpectrum", "hessian_spectrum",
+                 "catformer_hessian_dense", "reduced_hessian_dense", "_reduced_swap"):
+        assert getattr(H, name) is getattr(Hs, name)
+    from popgrad.engine.hvp import hessian_spectrum  # noqa: F401  (the from-import path too)
+
+    assert pg.hessian_spectrum is Hs.hessian_spectrum and pg.HessianSpectrum is Hs.HessianSpectrum
+    assert "head_swap" in dir(H)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        H.nope  # noqa: B018
