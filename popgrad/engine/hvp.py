@@ -45,7 +45,8 @@ from ..task.tasks import decode_sequences
 from ._args import validate
 
 __all__ = [
-    "catformer_hvp", "hvp", "catformer_rows_hvp", "catformer_grad_complex", "reduced_grad_complex", "flatten_params", "unflatten_params",
+    "catformer_hvp", "hvp", "catformer_rows_hvp", "catformer_grad_complex", "reduced_grad_complex",
+    "flatten_params", "unflatten_params",
 ]
 
 #: Names that moved to :mod:`popgrad.engine.hessian`; ``from popgrad.engine.hvp import head_swap`` still works.
