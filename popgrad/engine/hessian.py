@@ -1,7 +1,7 @@
 """Spectra of the exact population-loss Hessian: head swaps, (anti)symmetric subspaces, Lanczos (DESIGN §22).
 
-The products themselves are :mod:`popgrad.engine.hvp` (complex step of the exact gradient); this module
-builds on them:
+The products themselves are :mod:`popgrad.engine.complex_step` (complex step of the exact gradient); this
+module builds on them:
 
 * :func:`head_swap` -- the permutation of the flat CatFormer coordinates that exchanges two heads of
   one layer (the loss is invariant under it); :func:`subspace_basis`, :func:`basis_embed`,
@@ -22,7 +22,7 @@ import numpy as np
 from .._validation import ArgumentTypeError, as_int
 from ..model.catformer import CatFormer
 from ._args import validate
-from .hvp import _cat_validate, _catformer_hvp_flat, _reduced_hvp, flatten_params
+from .complex_step import _cat_validate, _catformer_hvp_flat, _reduced_hvp, flatten_params
 
 __all__ = [
     "head_swap", "subspace_basis", "basis_embed", "basis_project", "HessianSpectrum", "hessian_spectrum",
