@@ -23,15 +23,14 @@ bit-identical to :func:`popgrad.train_catformer`) and carries the linearised ``�
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
 
 from .._validation import ArgumentTypeError, as_int, as_real
-from ..engine.catformer import catformer_loss, catformer_loss_and_grad
-from ..engine.hvp import (_catformer_hvp_flat, basis_embed, basis_project, flatten_params, head_swap,
-                          hessian_spectrum, subspace_basis, unflatten_params)
+from ..engine.catformer import catformer_loss, catformer_loss_and_grad, catformer_rows_loss_and_grad
+from ..engine.hessian import basis_embed, basis_project, head_swap, hessian_spectrum, subspace_basis
+from ..engine.hvp import _catformer_hvp_flat, _rows_hvp_flat, flatten_params, unflatten_params
 from ..model.catformer import CatFormer, CatFormerParams
 from ..task.tasks import MultiParentTask
 from ..train.optim import Optimizer
@@ -209,20 +208,38 @@ class SymmetryRun(NamedTuple):
 
 def follow_symmetric_start(task, model, start, steps, optimizer="gd", lr=1.0, lr_schedule="constant",
                            weight_decay=0.0, layer=0, heads=(0, 1), spectrum_every=None, k=1,
-                           spectrum_tol=1e-8, progress=False) -> SymmetryRun:
+                           spectrum_tol=1e-8, progress=False, *, gradient="exact", batch_size=1024, sample_seed=0,
+                           linearize_until=None, spectrum_steps=None, preconditioned=True) -> SymmetryRun:
     """Step the exact trajectory from ``start`` and the linearised heads' difference beside it (module docstring).
 
     The update is :meth:`popgrad.train.optim.Optimizer.step` on the exact gradient (the rule of
     :func:`popgrad.train_catformer`; the trajectory is bit-identical to it). The linearisation is about the
     symmetric part ``θ̄_t`` of the measured trajectory, with one exact Hessian-vector product
     (:func:`popgrad.catformer_hvp`) per step; the antisymmetric spectrum (Lanczos, ``k`` per end) every
-    ``spectrum_every`` steps (default ``max(1, steps // 16)``; ``eigsh`` tolerance ``spectrum_tol``).
+    ``spectrum_every`` steps (default ``max(1, steps // 16)``; ``eigsh`` tolerance ``spectrum_tol``), or at the
+    steps listed in ``spectrum_steps`` (and the last).
+
+    ``gradient="sampled"`` follows ``train_catformer(gradient="sampled", batch_size=, sample_seed=)`` instead
+    (bit-identical: batch ``t`` from ``SeedSequence([sample_seed, t])``, the batch-mean loss's gradient). Every
+    sequence's loss is swap-invariant, so the batch gradient at a symmetric point is symmetric too: sampling
+    noise does not create a heads' difference, it multiplies one. The linearisation then uses the *batch*
+    Hessian at ``θ̄_t`` (:func:`popgrad.engine.hvp.catformer_rows_hvp`, ``δ_{t+1} = (I − η_t H_B,t) δ_t`` for
+    SGD), i.e. it is the linearisation of the sampled step actually taken; ``loss`` is the exact population
+    loss, the spectra the population Hessian's. ``linearize_until``: carry ``δ̂`` only through that step (NaN
+    after; the products are the cost). ``preconditioned=False`` skips Adam's preconditioned spectrum.
     """
     if not isinstance(model, CatFormer):
         raise ArgumentTypeError(f"model must be a popgrad.CatFormer, got {type(model).__name__}")
     steps = as_int(steps, "steps", minimum=1)
     spectrum_every = max(1, steps // 16) if spectrum_every is None else as_int(spectrum_every, "spectrum_every",
                                                                                minimum=1)
+    if gradient not in ("exact", "sampled"):
+        raise ValueError(f"gradient must be 'exact' or 'sampled', got {gradient!r}")
+    sampled = gradient == "sampled"
+    batch_size = as_int(batch_size, "batch_size", minimum=1)
+    sample_seed = as_int(sample_seed, "sample_seed", minimum=0)
+    lin_end = steps if linearize_until is None else as_int(linearize_until, "linearize_until", minimum=0)
+    spec_at = None if spectrum_steps is None else {as_int(t, "spectrum_steps[]", minimum=0) for t in spectrum_steps}
     rule = Optimizer(optimizer, lr, lr_schedule, steps, weight_decay)
     p = model.check_params(start)
     perm = head_swap(model, layer, heads)
@@ -254,24 +271,32 @@ def follow_symmetric_start(task, model, start, steps, optimizer="gd", lr=1.0, lr
         delta = (x - x[perm]) / 2
         xbar = (x + x[perm]) / 2
         params = CatFormerParams(arrays[:-1], arrays[-1])
-        res = catformer_loss_and_grad(task, model, params)
+        if sampled:
+            batch = task.sample(batch_size, np.random.SeedSequence([sample_seed, t]))
+            bw = batch.targets / batch_size
+            res = catformer_rows_loss_and_grad(batch.seqs, bw, model, params, eps)
+            loss_t = catformer_loss(task, model, params)
+        else:
+            res = catformer_loss_and_grad(task, model, params)
+            loss_t = res.loss
         g = np.concatenate([a.reshape(-1) for a in res.dA] + [res.dW.reshape(-1)])
         lr_t = rule.lr_at(t)
         nd, nl = float(np.linalg.norm(delta)), float(np.linalg.norm(dlin))
         rec["step"].append(t)
         rec["lr"].append(lr_t)
-        rec["loss"].append(res.loss)
+        rec["loss"].append(loss_t)
         rec["delta"].append(nd)
-        rec["delta_lin"].append(nl)
-        rec["cos"].append(float(delta @ dlin / (nd * nl)) if nd > 0 and nl > 0 else float("nan"))
-        rec["err"].append(float(np.linalg.norm(delta - dlin) / nd) if nd > 0 else float("nan"))
+        lin_on = t <= lin_end
+        rec["delta_lin"].append(nl if lin_on else float("nan"))
+        rec["cos"].append(float(delta @ dlin / (nd * nl)) if nd > 0 and nl > 0 and lin_on else float("nan"))
+        rec["err"].append(float(np.linalg.norm(delta - dlin) / nd) if nd > 0 and lin_on else float("nan"))
         rec["pref"].append(parent_preference(task, model, delta, layer, heads) if two else np.full(2, np.nan))
         pbar = unflatten_params(model, xbar)
         gbar = (g + g[perm]) / 2
         if rule.is_adam:  # the symmetric moments the linearisation expands about
             mbar = (1 - b1) * gbar + b1 * mbar
             vbar = (1 - b2) * gbar * gbar + b2 * vbar
-        if t % spectrum_every == 0 or t == steps:
+        if (t in spec_at if spec_at is not None else t % spectrum_every == 0) or t == steps:
             sp = hessian_spectrum(task, model, pbar, k=k, which="both", subspace="head_antisymmetric",
                                   layer=layer, heads=heads, tol=spectrum_tol)
             spec["step"].append(t)
@@ -281,7 +306,7 @@ def follow_symmetric_start(task, model, start, steps, optimizer="gd", lr=1.0, lr
             if vec @ delta < 0:
                 vec = -vec
             spec["pref"].append(parent_preference(task, model, vec, layer, heads) if two else np.full(2, np.nan))
-            if rule.is_adam:
+            if rule.is_adam and preconditioned:
                 n_ = t + 1
                 D = np.sqrt(vbar / (1 - b2**n_)) + e
                 pv, _ = preconditioned_spectrum(task, model, pbar, D, k=k, layer=layer, heads=heads, tol=spectrum_tol)
@@ -289,12 +314,18 @@ def follow_symmetric_start(task, model, start, steps, optimizer="gd", lr=1.0, lr
             else:
                 spec["plmin"].append(float("nan"))
             if progress:
-                print(f"step {t}: loss {res.loss:.6f}, |delta| {nd:.3e} (lin {nl:.3e}), lam_anti "
+                print(f"step {t}: loss {loss_t:.6f}, |delta| {nd:.3e} (lin {nl:.3e}), lam_anti "
                       f"[{sp.values[0]:.4g}, {sp.values[-1]:.4g}]", flush=True)
         if t == steps:
             break
+        if t >= lin_end:  # no more linearisation: the exact step only
+            arrays, state = rule.step(t, arrays, [*res.dA, res.dW], state)
+            continue
         # the linearised step (about θ̄_t), then the exact one
-        gam = flatten_params(_catformer_hvp_flat(task, model, pbar, dlin, eps))
+        if sampled:
+            gam = flatten_params(_rows_hvp_flat(batch.seqs, bw, model, pbar, dlin, eps))
+        else:
+            gam = flatten_params(_catformer_hvp_flat(task, model, pbar, dlin, eps))
         if rule.is_adam:
             n_ = t + 1
             c1, c2 = 1 - b1**n_, 1 - b2**n_

@@ -71,6 +71,26 @@ def test_adam_linearisation_matches_the_measured_difference():
     assert np.nanmax(run2.err_lin) > 10 * np.nanmax(run.err_lin)
 
 
+@pytest.mark.parametrize("opt,lr", [("sgd", 1.0), ("adamw", 1e-2)])
+def test_sampled_trajectory_is_train_catformers_and_linearised(opt, lr):
+    """gradient="sampled": bit-identical to train_catformer's sampled run; the batch-Hessian linearisation holds."""
+    task = pg.MultiParentTask(pg.two_parent(4), pg.DirichletTensorPrior(2, 2, 0.3))
+    model = pg.CatFormer(2, 4, heads=(2, 1))
+    st = sb.symmetric_start(model, 1e-1, 0, 1e-9 if opt == "sgd" else 1e-13)
+    kw = dict(optimizer=opt, lr=lr, lr_schedule="cosine", weight_decay=1e-3)
+    run = sb.follow_symmetric_start(task, model, st, 6, gradient="sampled", batch_size=16, sample_seed=3,
+                                    spectrum_steps=[0], linearize_until=4, **kw)
+    tr = pg.train_catformer(task, model, 6, init=st, record_every=1, gradient="sampled", batch_size=16,
+                            sample_seed=3, **kw)
+    assert np.array_equal(run.final.W, tr.final.W) and all(np.array_equal(a, b) for a, b in zip(run.final.A, tr.final.A))
+    assert list(run.spec_step) == [0, 6]
+    assert np.all(np.isnan(run.err_lin[5:])) and np.all(np.isfinite(run.err_lin[1:5]))
+    assert np.nanmax(run.err_lin) < (1e-6 if opt == "sgd" else 1e-3)
+    assert abs(run.delta[4] / run.delta[0] - 1) > 1e-3  # the difference moved
+    # the loss recorded is the exact population loss
+    assert abs(run.loss[-1] - pg.catformer_loss(task, model, run.final)) < 1e-14
+
+
 def test_preconditioned_spectrum_with_unit_D_is_the_antisymmetric_spectrum():
     task, model = task_model()
     p = sb.symmetric_start(model, 0.3, 1, 0)
