@@ -153,7 +153,13 @@ def _catformer_chunk(model, A, W, seqs, w, eps):
 
 
 def _fill(task, start, stop):
-    """Sequences ``start … stop-1`` (the task's numbering) with their exact weights."""
+    """Sequences ``start … stop-1`` (the task's numbering) with their exact weights (a continuous prior's from
+    its weight table, DESIGN §20)."""
+    if getattr(task, "continuous", False):
+        from .table import table_rows
+
+        seqs, w = table_rows(task, start, stop)
+        return np.ascontiguousarray(seqs, dtype=np.int64), np.ascontiguousarray(w, dtype=np.float64)
     n = stop - start
     seqs = np.empty((n, task.T), dtype=np.int64)
     w = np.empty((n, task.S), dtype=np.float64)
