@@ -138,7 +138,8 @@ def soft_label_moments(task: Task, seqs) -> np.ndarray:
         key = np.concatenate([nl.reshape(len(nl), S * S), rr], axis=1)
         uniq, inv = np.unique(key, axis=0, return_inverse=True)
         vals, _, _ = stationary_expectations(uniq[:, :S * S].reshape(-1, S, S), uniq[:, S * S:], prior.alpha)
-        return (vals[inv.reshape(-1)] * scale).reshape(N, S, S)
+        M = (vals[inv.reshape(-1)] * scale).reshape(N, S, S)
+        return 0.5 * (M + M.transpose(0, 2, 1))
     atoms, weights = task.prior.expand()
     mu = task.prior.stationary
     logp = np.zeros((N, len(weights)))
@@ -149,7 +150,8 @@ def soft_label_moments(task: Task, seqs) -> np.ndarray:
             logp += lm[:, seqs[:, i]].T if p < 0 else la[:, seqs[:, p], seqs[:, i]].T
     pk = np.exp(logp) * (np.asarray(weights) / S)[None, :]  # (N, K): P(s, atom k)
     lab = atoms[:, q, :].transpose(1, 0, 2)  # (N, K, S): π_k(·|q)
-    return np.einsum("nk,nkc,nkd->ncd", pk, lab, lab)
+    M = np.einsum("nk,nkc,nkd->ncd", pk, lab, lab)
+    return 0.5 * (M + M.transpose(0, 2, 1))
 
 
 # ============================================================ per-sequence logit Jacobians
