@@ -229,3 +229,17 @@ def test_bad_input(tiny_run):
     multi = pg.MultiParentTask(pg.two_parent(4), pg.DirichletTensorPrior(2, 2, 0.1))
     with pytest.raises(TypeError, match="single-parent"):
         lr.catformer_linear_response(multi, pg.CatFormer(2, 4), [pg.CatFormer(2, 4).zeros()], 1.0, 4)
+
+
+def test_learning_rates_come_from_the_trajectory_schedule():
+    task = _task(pg.DirichletPrior(2, 0.3), T=3, graph=pg.CausalGraph([-1, 0, -1]))
+    model = pg.CatFormer(2, 3)
+    ex = pg.train_catformer(task, model, 4, optimizer="sgd", lr=0.8, lr_schedule="cosine", weight_decay=0.01,
+                            init="zero", record_every=2)
+    res = lr.catformer_linear_response(task, model, ex, batch_size=16)
+    etas = [pg.train.optim.learning_rate(0.8, "cosine", 4, t) for t in range(4)]
+    plist = [ex.params(r) for r in range(len(ex.step))]
+    same = lr.catformer_linear_response(task, model, plist, etas, 16, steps=ex.step, weight_decay=0.01)
+    np.testing.assert_allclose(res.sq_dist, same.sq_dist, rtol=1e-12)
+    other = lr.catformer_linear_response(task, model, plist, 0.8, 16, steps=ex.step, weight_decay=0.01)
+    assert abs(other.sq_dist[0, -1] / res.sq_dist[0, -1] - 1) > 1e-3
