@@ -7,7 +7,7 @@ continuous prior, an atom's row under a finite one), whose gradient is ``g(s, y)
 (``J_s = ∂z/∂θ`` the logits' Jacobian, ``f = softmax z``; softmax readout, cross entropy). The batch
 gradient is ``∇L(θ) + ξ`` with ``E ξ = 0`` at every ``θ`` and ``Cov ξ = Σ(θ)/B``::
 
-    Σ = Σ_s J_sᵀ K_s J_s − ḡḡᵀ,      K_s = P(s) f fᵀ − f w_sᵀ − w_s fᵀ + M_s,      ḡ = Σ_s J_sᵀ (P(s) f − w_s)
+    Σ = Σ_s J_sᵀ K_s J_s − ḡḡᵀ,   K_s = P(s) f fᵀ − f w_sᵀ − w_s fᵀ + M_s,   ḡ = Σ_s J_sᵀ (P(s) f − w_s)
 
 with ``w_s[c] = P(s) E[y_c | s]`` the task's exact weights and ``M_s[c, c'] = P(s) E[y_c y_c' | s]``
 the soft labels' second moments (:func:`soft_label_moments`; **not** ``diag(w_s)``: a soft label is
@@ -344,7 +344,7 @@ def catformer_linear_response(task, model, trajectory, lr=None, batch_size=1024,
     -------
     CatFormerLinearResponse
     """
-    params0 = check_task_model(task, model, None)  # noqa: F841  (validates task and model)
+    check_task_model(task, model, None)  # validates the task and the model
     if not isinstance(task, Task):
         raise ArgumentTypeError(f"task must be a single-parent popgrad.Task, got {type(task).__name__}")
     if model.readout != "softmax":
