@@ -65,6 +65,8 @@ def args_of():
     p.add_argument("--steps-linresp", type=int, default=1024)
     p.add_argument("--batch-sizes-linresp", default="16,64,256,1024")
     p.add_argument("--seeds-linresp", type=int, default=8)
+    p.add_argument("--grid-linresp", type=int, default=0,
+                   help="evaluate H and Σ every this many steps (besides 0, 1, 2, 4, …); 0: every eighth of the run")
     a = p.parse_args()
     if a.quick:
         a.steps, a.T_batch, a.batch_sizes, a.seeds, a.T_exact, a.T_sampled, a.graphs, a.T_heads = \
@@ -137,10 +139,11 @@ def part_batch(a):
     return "\n".join(lines)
 
 
-def linresp_grid(steps):
-    """0, 1, 2, 4, … and every eighth of the run: where the exact Hessian and noise covariance are evaluated."""
+def linresp_grid(steps, every=0):
+    """0, 1, 2, 4, … and every ``every`` steps (0: every eighth of the run): where the exact Hessian and noise
+    covariance are evaluated."""
     pts = {0, steps} | {2**k for k in range(steps.bit_length()) if 2**k < steps}
-    pts |= {steps * j // 8 for j in range(1, 8)}
+    pts |= {steps * j // 8 for j in range(1, 8)} if every <= 0 else set(range(0, steps, every))
     return sorted(pts)
 
 
@@ -154,7 +157,7 @@ def part_linresp(a):
     t0 = time.perf_counter()
     kw = dict(optimizer="sgd", lr=1.0, lr_schedule="constant", init="zero", record_every=1)
     ex = pg.train_catformer(task, model, steps, **kw)
-    grid = linresp_grid(steps)
+    grid = linresp_grid(steps, a.grid_linresp)
     pred = catformer_linear_response(task, model, [ex.params(t) for t in grid], 1.0, Bs, steps=grid, progress=True)
     t_pred = time.perf_counter() - t0
     theta_ex = np.stack([flatten_params(ex.params(t)) for t in grid])
@@ -205,7 +208,8 @@ def part_linresp(a):
     lines += ["", f"Prediction: {t_pred:.0f} s (exact run and {len(grid)} Hessians). Reproduce: python "
                   f"examples/catformer_pairing.py --parts linresp --S {a.S} --T-linresp {T} --graph-seed-linresp "
                   f"{a.graph_seed_linresp} --steps-linresp {steps} --batch-sizes-linresp "
-                  f"{','.join(map(str, Bs))} --seeds-linresp {a.seeds_linresp}"]
+                  f"{','.join(map(str, Bs))} --seeds-linresp {a.seeds_linresp}"
+                  + (f" --grid-linresp {a.grid_linresp}" if a.grid_linresp > 0 else "")]
     return "\n".join(lines)
 
 
