@@ -294,12 +294,13 @@ def _points(trajectory, steps, model):
 
 def _lr_of(lr, trajectory, last_step):
     """Per-step learning rates ``0 … last_step-1``."""
+    if isinstance(trajectory, CatFormerTrajectory) and trajectory.config.optimizer not in ("sgd", "gd"):
+        raise ValueError(f"the linear response models plain SGD; the trajectory used "
+                         f"{trajectory.config.optimizer!r}")
     if lr is None:
         if not isinstance(trajectory, CatFormerTrajectory):
             raise ValueError("lr is required with a list of params (a float, or one value per step)")
         cfg = trajectory.config
-        if cfg.optimizer not in ("sgd", "gd"):
-            raise ValueError(f"the linear response models plain SGD; the trajectory used {cfg.optimizer!r}")
         rule = cfg.optimizer_rule().learning_rate
         return np.array([float(rule(t)) for t in range(last_step)]) if callable(rule) \
             else np.full(last_step, cfg.lr)

@@ -226,6 +226,8 @@ def test_bad_input(tiny_run):
     adam = pg.train_catformer(task, model, 2, optimizer="adam", lr=0.1, init="zero")
     with pytest.raises(ValueError, match="plain SGD"):
         lr.catformer_linear_response(task, model, adam, batch_size=4)
+    with pytest.raises(ValueError, match="plain SGD"):
+        lr.catformer_linear_response(task, model, adam, 0.1, batch_size=4)
     multi = pg.MultiParentTask(pg.two_parent(4), pg.DirichletTensorPrior(2, 2, 0.1))
     with pytest.raises(TypeError, match="single-parent"):
         lr.catformer_linear_response(multi, pg.CatFormer(2, 4), [pg.CatFormer(2, 4).zeros()], 1.0, 4)
