@@ -14,12 +14,20 @@ Three parts (``--parts``), each writing a table to ``pairing_<part>.md``:
 * ``T``: the Figure-9 metric (positional block's mean attention to the parent per graph, mean ± sd over
   ``--graphs`` graphs ``random_tree(T, seed=g, root_prob=0.5)``) against T, exact for ``--T-exact`` and
   sampled (batch ``--batch-size``) for ``--T-sampled``, same steps, same graphs family.
+* ``linresp``: the linear-response prediction of the ``batch`` part's distances
+  (:func:`popgrad.checks.linear_response.catformer_linear_response`): S, T = ``--T-linresp``, graph
+  ``random_tree(T, seed=--graph-seed-linresp, root_prob=0.5)``, SGD lr 1 constant from zero,
+  ``--steps-linresp`` steps; the exact Hessian and the exact soft-label gradient covariance on a grid of the
+  exact run (0, 1, 2, 4, … and every eighth of the run), against ``--seeds-linresp`` sampled runs per batch
+  size (``--batch-sizes-linresp``): ``E‖δ‖²``, the RMS loss gap and the RMS gap of the attention to the
+  parent, measured (exact scores of the sampled parameters) and predicted.
 * ``heads``: the two-parent graph (S = 2, T = ``--T-heads``, ``DirichletTensorPrior(2, 2, α)``), heads
   (2, 1), from ``1e-4·N(0,1)``: exact vs sampled, SGD (lr 1 cosine) and AdamW (lr 1e-2 cosine, wd 1e-4):
   the heads' difference ``‖Ã^(1)_0 − Ã^(1)_1‖_F`` and the soft/strict split of the positional block.
 
 ``--quick`` runs tiny sizes in seconds.
 """
+import math
 import time
 
 import matplotlib
@@ -39,7 +47,7 @@ from _common import finite_stats, parser
 
 def args_of():
     p = parser(__doc__, "examples_out/catformer_pairing", quick_help="tiny sizes (seconds)")
-    p.add_argument("--parts", default="batch,T,heads")
+    p.add_argument("--parts", default="batch,linresp,T,heads")
     p.add_argument("--S", type=int, default=3)
     p.add_argument("--alpha", type=float, default=0.1)
     p.add_argument("--steps", type=int, default=1024)
@@ -52,14 +60,23 @@ def args_of():
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--T-heads", type=int, default=8)
     p.add_argument("--record-every", type=int, default=64)
+    p.add_argument("--T-linresp", type=int, default=6)
+    p.add_argument("--graph-seed-linresp", type=int, default=4)
+    p.add_argument("--steps-linresp", type=int, default=1024)
+    p.add_argument("--batch-sizes-linresp", default="16,64,256,1024")
+    p.add_argument("--seeds-linresp", type=int, default=8)
+    p.add_argument("--grid-linresp", type=int, default=0,
+                   help="evaluate H and Σ every this many steps (besides 0, 1, 2, 4, …); 0: every eighth of the run")
     a = p.parse_args()
     if a.quick:
         a.steps, a.T_batch, a.batch_sizes, a.seeds, a.T_exact, a.T_sampled, a.graphs, a.T_heads = \
             16, 5, "16,64", 2, "5", "5,6", 2, 5
         a.batch_size, a.record_every = 64, 8
+        a.T_linresp, a.steps_linresp, a.batch_sizes_linresp, a.seeds_linresp = 3, 8, "64,1024", 4
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     a.parts = a.parts.split(",")
     a.batch_sizes, a.T_exact, a.T_sampled = ints(a.batch_sizes), ints(a.T_exact), ints(a.T_sampled)
+    a.batch_sizes_linresp = ints(a.batch_sizes_linresp)
     return a
 
 
@@ -119,6 +136,80 @@ def part_batch(a):
             "batch size", "RMS distance to the exact run (final)", f"S = {a.S}, T = {T}, {a.steps} steps", logx=True)
     lines += ["", f"Reproduce: python examples/catformer_pairing.py --parts batch --S {a.S} --T-batch {T} --steps "
                   f"{a.steps} --batch-sizes {','.join(map(str, a.batch_sizes))} --seeds {a.seeds}"]
+    return "\n".join(lines)
+
+
+def linresp_grid(steps, every=0):
+    """0, 1, 2, 4, … and every ``every`` steps (0: every eighth of the run): where the exact Hessian and noise
+    covariance are evaluated."""
+    pts = {0, steps} | {2**k for k in range(steps.bit_length()) if 2**k < steps}
+    pts |= {steps * j // 8 for j in range(1, 8)} if every <= 0 else set(range(0, steps, every))
+    return sorted(pts)
+
+
+def part_linresp(a):
+    from popgrad.checks.linear_response import attention_readout, catformer_linear_response
+    from popgrad.engine.hvp import flatten_params
+
+    T, steps, Bs = a.T_linresp, a.steps_linresp, a.batch_sizes_linresp
+    task = pg.Task(pg.random_tree(T, seed=a.graph_seed_linresp, root_prob=0.5), pg.DirichletPrior(a.S, a.alpha))
+    model = pg.CatFormer(a.S, T)
+    t0 = time.perf_counter()
+    kw = dict(optimizer="sgd", lr=1.0, lr_schedule="constant", init="zero", record_every=1)
+    ex = pg.train_catformer(task, model, steps, **kw)
+    grid = linresp_grid(steps, a.grid_linresp)
+    pred = catformer_linear_response(task, model, [ex.params(t) for t in grid], 1.0, Bs, steps=grid, progress=True)
+    t_pred = time.perf_counter() - t0
+    theta_ex = np.stack([flatten_params(ex.params(t)) for t in grid])
+    meas = {}
+    for B in Bs:
+        d2, dl, da = [], [], []
+        for s in range(a.seeds_linresp):
+            tr = pg.train_catformer(task, model, steps, **kw, gradient="sampled", batch_size=B, sample_seed=s)
+            ps = [tr.params(t) for t in grid]
+            d2.append([float(np.sum((flatten_params(p) - th) ** 2)) for p, th in zip(ps, theta_ex)])
+            dl.append([pg.catformer_loss_and_grad(task, model, p).loss for p in ps])
+            da.append([attention_readout(task, model, p)[0] for p in ps])
+        meas[B] = (np.array(d2), np.array(dl) - pred.loss, np.array(da) - pred.attn)
+        print(f"linresp: batch {B} done, {time.perf_counter() - t0:.0f} s", flush=True)
+    show = [t for t in grid if t > 0 and (t & (t - 1) == 0 and t >= min(16, steps) or t == steps)]
+    lines = [f"S = {a.S}, T = {T}, graph {task.graph.to_string()}, continuous Dirichlet({a.alpha:g}) prior, SGD lr 1 "
+             f"constant from zero, {steps} steps, {a.seeds_linresp} batch seeds per batch size. Measured: the sampled "
+             f"runs' parameters against the exact run's (E‖δ‖², mean over seeds ± SE), their exact population loss "
+             f"and attention to the parent (positional block, mean over non-root positions) minus the exact run's "
+             f"(RMS over seeds). Predicted: linear response around the exact run (tr C, sqrt((½tr(HC))² + ∇LᵀC∇L + "
+             f"½tr((HC)²)), sqrt(∇aᵀC∇a)), exact Hessian and soft-label noise covariance at steps "
+             f"{', '.join(map(str, grid))}, held constant in between.", "",
+             "max |1 − ηλ(H)| at those steps (above 1: the linearised deviation grows there): "
+             + ", ".join(f"{t}: {g:.3f}" for t, g in zip(grid, pred.growth)), "",
+             f"Exact run: loss {pred.loss[0]:.4f} → {pred.loss[-1]:.4f} (Bayes {pg.bayes_loss(task):.4f}), attention "
+             f"to parent {pred.attn[0]:.3f} → {pred.attn[-1]:.3f}.", "",
+             "| batch | step | E‖δ‖² measured | predicted | ratio | RMS loss gap measured | predicted | "
+             "RMS attn gap measured | predicted |", "|---|---|---|---|---|---|---|---|---|"]
+    for bi, B in enumerate(Bs):
+        d2, dl, da = meas[B]
+        for t in show:
+            r = grid.index(t)
+            m2, se2 = d2[:, r].mean(), d2[:, r].std(ddof=1) / math.sqrt(len(d2)) if len(d2) > 1 else float("nan")
+            lines.append(f"| {B} | {t} | {m2:.3g} ± {se2:.2g} | {pred.sq_dist[bi, r]:.3g} | "
+                         f"{m2 / pred.sq_dist[bi, r]:.2f} | {np.sqrt(np.mean(dl[:, r] ** 2)):.2g} | "
+                         f"{pred.loss_rms[bi, r]:.2g} | {np.sqrt(np.mean(da[:, r] ** 2)):.2g} | "
+                         f"{pred.attn_sd[bi, r]:.2g} |")
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for bi, B in enumerate(Bs):
+        line, = ax.plot(grid[1:], meas[B][0].mean(axis=0)[1:], "o", ms=3, label=f"B = {B} measured")
+        ax.plot(grid[1:], pred.sq_dist[bi, 1:], "-", color=line.get_color(), label=f"B = {B} predicted")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("E‖θ_sampled − θ_exact‖²")
+    ax.legend(fontsize=6, ncol=2)
+    save_figure(fig, f"{a.out}/pairing_linresp.png")
+    lines += ["", f"Prediction: {t_pred:.0f} s (exact run and {len(grid)} Hessians). Reproduce: python "
+                  f"examples/catformer_pairing.py --parts linresp --S {a.S} --T-linresp {T} --graph-seed-linresp "
+                  f"{a.graph_seed_linresp} --steps-linresp {steps} --batch-sizes-linresp "
+                  f"{','.join(map(str, Bs))} --seeds-linresp {a.seeds_linresp}"
+                  + (f" --grid-linresp {a.grid_linresp}" if a.grid_linresp > 0 else "")]
     return "\n".join(lines)
 
 
@@ -203,7 +294,7 @@ def main():
     a = args_of()
     from _common import ensure_out
     out = a.out = ensure_out(a.out)
-    for part, fn in (("batch", part_batch), ("T", part_T), ("heads", part_heads)):
+    for part, fn in (("batch", part_batch), ("linresp", part_linresp), ("T", part_T), ("heads", part_heads)):
         if part in a.parts:
             write(out, f"pairing_{part}.md", fn(a))
 

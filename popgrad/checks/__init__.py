@@ -10,6 +10,8 @@
 * :mod:`.sampled` -- checks beyond enumeration from a fixed sample (``kind="sampled"``, with standard errors);
 * :mod:`.sample_complexity` -- finite samples from the exact gradient noise: Stage-1 ``N_min`` (Gaussian
   limit, simulated), the linear-response spread of SGD around the exact run;
+* :mod:`.linear_response` -- the full model's sampled SGD around its exact run: the linear-response
+  prediction of the distance (exact Hessians, the soft-label gradient covariance);
 * :mod:`.catformer` -- checks of a trained full model (population attention, graph recovery, head
   specialization, induction head);
 * :mod:`._kernels` -- numba kernels of the OOD check.
@@ -30,6 +32,7 @@ from .scale import (
     default_roots_T,
     root_drive_ratio,
 )
+from .linear_response import CatFormerLinearResponse, catformer_linear_response
 from .catformer import check_catformer_graph_recovery, check_catformer_head_specialization, check_induction_head
 from .theorems import (
     alignment_sweep,
@@ -63,4 +66,5 @@ __all__ = [
     "GAMMA_MIN", "NEEDS", "Hypothesis", "Hypotheses", "measure_hypotheses", "within_hypotheses",
     "Stage2Optimum", "converge_stage2", "converged_loss_sweep", "default_roots_T", "root_drive_ratio",
     "check_catformer_graph_recovery", "check_catformer_head_specialization", "check_induction_head",
+    "CatFormerLinearResponse", "catformer_linear_response",
 ]
