@@ -28,7 +28,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .._validation import ArgumentTypeError, as_int, as_real
-from ..engine.catformer import catformer_loss, catformer_loss_and_grad, catformer_rows_loss_and_grad
+from ..engine.catformer import catformer_loss, catformer_loss_and_grad
+from ..engine.catformer_rows import catformer_batch_loss_and_grad
 from ..engine.hessian import basis_embed, basis_project, head_swap, hessian_spectrum, subspace_basis
 from ..engine.hvp import _catformer_hvp_flat, _rows_hvp_flat, flatten_params, unflatten_params
 from ..model.catformer import CatFormer, CatFormerParams
@@ -274,7 +275,7 @@ def follow_symmetric_start(task, model, start, steps, optimizer="gd", lr=1.0, lr
         if sampled:
             batch = task.sample(batch_size, np.random.SeedSequence([sample_seed, t]))
             bw = batch.targets / batch_size
-            res = catformer_rows_loss_and_grad(batch.seqs, bw, model, params, eps)
+            res = catformer_batch_loss_and_grad(batch.seqs, bw, model, params, eps)  # the trainer's kernel
             loss_t = catformer_loss(task, model, params)
         else:
             res = catformer_loss_and_grad(task, model, params)
