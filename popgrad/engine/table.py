@@ -153,7 +153,7 @@ def _second_moment_rows(task, start, stop):
         nq = n[rows, q].astype(np.float64)  # (N, S): the posterior of row q is Dirichlet(α + nq)
         A = nq.sum(axis=1) + S * alpha + 1.0
         y2 = w[:, :, None] * (nq[:, None, :] + alpha + np.eye(S)[None]) / A[:, None, None]
-        return np.ascontiguousarray(y2)
+        return 0.5 * (y2 + np.swapaxes(y2, 1, 2))  # symmetric bit for bit (the two orders round apart)
     # stationary roots: the expectation of every statistic with the two label edges (c <= c', symmetric)
     n, r = _dir.edge_counts_single(seqs, task.graph.parents, S)
     q = seqs[:, T - 1]
