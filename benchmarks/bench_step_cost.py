@@ -7,10 +7,12 @@ One step is one exact loss-and-gradient evaluation (what a training step costs; 
 negligible beside it), full model (``CatFormer(3, 10)``, random tree T = 10, 59,049 sequences) and reduced
 model (S = 3, random tree T = 12, 531,441 sequences), for ``dirichlet_prior(3, 0.1, 8, 0)`` (48 atoms),
 ``dirichlet_prior(3, 0.1, 500, 0)`` (3000 atoms) and ``DirichletPrior(3, 0.1, roots="uniform")``
-(continuous; the step does not depend on the roots, the table build does). Each case runs in a fresh task:
-the one-off table build is timed first (``task.weight_table()``), then a warm-up step, then the median of
-``--repeats`` steps. "rule" is the path ``popgrad.engine.table.use_table`` picks; "per-atom" forces the
-per-atom path (finite priors only). CPU time of this process (``time.process_time``) and wall time; with
+(continuous; the step does not depend on the roots, the table build does). Per case, each on a fresh task:
+"per-atom" forces the per-atom path (finite priors only): a warm-up step, then the median of ``--repeats``
+steps; "one-off gradient" times the first gradient of a fresh task (what a single call costs, whatever the
+rule builds for it); "rule" is a training run: the table asked for up front (``prepare_table``; before it
+existed, ``task.weight_table()``), timed as "table build", then a warm-up step and the median of ``--repeats``
+steps on the path ``popgrad.engine.table.use_table`` picks. CPU time of this process (``time.process_time``) and wall time; with
 ``--before`` every round runs the before tree, then this tree, in separate processes, and the table shows
 the median over rounds. Timings depend on the machine and its load: printed, never asserted.
 """
@@ -38,6 +40,14 @@ def _prior(pg, name):
     return pg.DirichletPrior(3, 0.1, roots="uniform")
 
 
+def _row(kind, name, path, ts, build=(float("nan"),) * 2, oneoff=(float("nan"),) * 2):
+    row = dict(model=kind, prior=name, path=path, step_cpu=float(np.median([t[0] for t in ts])),
+               step_wall=float(np.median([t[1] for t in ts])), build_cpu=build[0], build_wall=build[1],
+               oneoff_cpu=oneoff[0], oneoff_wall=oneoff[1])
+    print(json.dumps(row), file=sys.stderr, flush=True)
+    return row
+
+
 def _timed(f):
     c, t = time.process_time(), time.perf_counter()
     f()
@@ -55,31 +65,34 @@ def measure(repeats=3):
     A1, A2 = rng.normal(size=(12, 12)), rng.normal(size=(3, 3))
     model = pg.CatFormer(3, 10)
     params = model.init(0.5, 0)
+    prepare = getattr(_table, "prepare_table", None)  # absent before issue 28's rule: the table was built on demand
     for kind, T in MODELS:
         for name in PRIORS:
-            for path in ("rule", "per-atom"):
-                if path == "per-atom" and name == "continuous":
-                    continue
+            def make():
                 task = pg.Task(pg.random_tree(T, 1, 0.5), _prior(pg, name))
                 if kind == "full model":
-                    def call():
-                        return catformer_loss_and_grad(task, model, params)
-                else:
-                    def call():
-                        return pg.exact_loss_and_grad(task, A1[:T, :T], A2)
+                    return task, lambda: catformer_loss_and_grad(task, model, params)
+                return task, lambda: pg.exact_loss_and_grad(task, A1[:T, :T], A2)
+
+            if name != "continuous":  # the per-atom path, forced
+                task, call = make()
                 saved = _table.TABLE_MIN_ATOMS
-                if path == "per-atom":
-                    _table.TABLE_MIN_ATOMS = 10**12
+                _table.TABLE_MIN_ATOMS = 10**12
                 try:
-                    build = _timed(task.weight_table) if path == "rule" else (float("nan"), float("nan"))
                     call()  # warm-up: compiles, builds plans and caches
                     ts = [_timed(call) for _ in range(repeats)]
                 finally:
                     _table.TABLE_MIN_ATOMS = saved
-                rows.append(dict(model=kind, prior=name, path=path, step_cpu=float(np.median([t[0] for t in ts])),
-                                 step_wall=float(np.median([t[1] for t in ts])), build_cpu=build[0],
-                                 build_wall=build[1]))
-                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+                rows.append(_row(kind, name, "per-atom", ts))
+            pg.clear_caches()  # the engines' plans and leaf weights are per fingerprint: start cold
+            task, call = make()  # a one-off gradient on a fresh task: whatever the rule builds for it
+            oneoff = _timed(call)
+            pg.clear_caches()
+            task, call = make()  # a training run: the table asked for up front (prepare_table), then the steps
+            build = _timed(lambda: prepare(task) if prepare is not None else task.weight_table())
+            call()
+            ts = [_timed(call) for _ in range(repeats)]
+            rows.append(_row(kind, name, "rule", ts, build, oneoff))
     return rows
 
 
@@ -91,28 +104,26 @@ def _run_tree(root, repeats):
 
 
 def _fmt(x):
-    return "-" if x is None or not np.isfinite(x) else f"{1e3 * x:8.0f}"
+    return "-" if x is None or not np.isfinite(x) else f"{1e3 * x:.0f}"
 
 
 def table(results):
-    """Markdown table: per case, the median over rounds of each version's CPU (and wall) step time."""
+    """Markdown table: per case, the median over rounds of each version's CPU (wall) times."""
     versions = list(results)
-    print("| model | prior | path | " + " | ".join(f"{v} CPU ms (wall)" for v in versions)
-          + " | table build CPU s (" + versions[-1] + ") |")
-    print("|---|---|---|" + "---|" * len(versions) + "---|")
-    keys = [(r["model"], r["prior"], r["path"]) for r in results[versions[-1]][0]]
-    for key in keys:
-        cells = []
-        for v in versions:
-            rs = [r for rnd in results[v] for r in rnd if (r["model"], r["prior"], r["path"]) == key]
-            if not rs:
-                cells.append("-")
-                continue
-            cells.append(f"{_fmt(np.median([r['step_cpu'] for r in rs]))} ({_fmt(np.median([r['step_wall'] for r in rs]))})")
-        rs = [r for rnd in results[versions[-1]] for r in rnd if (r["model"], r["prior"], r["path"]) == key]
-        b = np.median([r["build_cpu"] for r in rs])
-        print(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells)
-              + f" | {'-' if not np.isfinite(b) else f'{b:.2f}'} |")
+
+    def med(v, key, field):
+        rs = [r for rnd in results[v] for r in rnd if (r["model"], r["prior"], r["path"]) == key]
+        return float(np.median([r[field] for r in rs])) if rs else float("nan")
+
+    print("| model | prior | path | " + " | ".join(f"step, {v}: CPU ms (wall)" for v in versions)
+          + " | " + " | ".join(f"one-off gradient, {v}: CPU ms" for v in versions)
+          + " | " + " | ".join(f"table build, {v}: CPU ms" for v in versions) + " |")
+    print("|---|---|---|" + "---|" * (3 * len(versions)))
+    for key in [(r["model"], r["prior"], r["path"]) for r in results[versions[-1]][0]]:
+        steps = [f"{_fmt(med(v, key, 'step_cpu'))} ({_fmt(med(v, key, 'step_wall'))})" for v in versions]
+        once = [_fmt(med(v, key, "oneoff_cpu")) for v in versions]
+        build = [_fmt(med(v, key, "build_cpu")) for v in versions]
+        print(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(steps + once + build) + " |")
 
 
 if __name__ == "__main__":

@@ -9,13 +9,23 @@ carry ``K`` products per prefix at every call, and the table makes a call cost
 independent of ``K``.
 
 **The one rule** (:func:`use_table`): the table path when the prior is
-continuous, or when the engine's per-call cost grows with the number of atoms
-(``per_atom=True``: the k-head and full-model engines, and the reduced
-prefix engine, which carries ``K`` products per prefix node even with its
-leaf weights cached) and ``K ≥ TABLE_MIN_ATOMS`` and the table fits the task's
-memory budget. (The reduced engine's exact orbit reduction, when it applies,
-is cheaper still and keeps its own path.) Both paths compute the same sums
-(tests: 1e-13 on finite priors).
+continuous; for a finite prior, when the engine's per-call cost grows with the
+number of atoms (``per_atom=True``: the k-head, full-model and gradient-noise
+engines, and the reduced prefix engine, which carries ``K`` products per prefix
+node even with its leaf weights cached), ``K ≥ TABLE_MIN_ATOMS``, and the task
+keeps its table already (:func:`table_built`). A run of many evaluations on one
+task -- every trainer, before its first step -- asks for it with
+:func:`prepare_table`; a one-off call never builds it. Why: the table costs
+the same per step for any ``K`` (and for the continuous prior), but building
+it costs about eight per-atom steps' worth of atom products (measured, full
+model S = 3, T = 10: a step 0.11 s CPU on the table, 0.13 s per-atom at 48 atoms and 0.47 s at
+3000; the table build 0.06 s at 48 atoms and 3.3 s at 3000), so a single
+gradient is cheaper per atom and a training run is cheaper on the table
+(``benchmarks/bench_step_cost.py``). (The reduced engine's exact orbit
+reduction, when it applies, is cheaper still and keeps its own path.) Both
+paths compute the same sums (tests: 1e-13 on finite priors, trajectories
+included); which one ran depends on whether the table was prepared, never on
+anything else.
 """
 from __future__ import annotations
 
@@ -26,10 +36,12 @@ import numpy as np
 
 from ..task.tasks import TABLE_BUDGET_BYTES, MultiParentTask, decode_sequences
 
-__all__ = ["use_table", "table_rows", "TABLE_MIN_ATOMS", "second_moment_rows", "second_moment_table"]
+__all__ = ["use_table", "prepare_table", "table_built", "table_rows", "TABLE_MIN_ATOMS", "second_moment_rows",
+           "second_moment_table"]
 
-#: Fewest atoms for which a per-atom engine reads the table instead (calibrated by benchmarks/bench_prior.py).
-TABLE_MIN_ATOMS = 64
+#: Fewest atoms for which a per-atom engine reads a prepared table instead (calibrated by
+#: benchmarks/bench_step_cost.py: below it the per-atom step costs about what the table step costs).
+TABLE_MIN_ATOMS = 16
 
 _SEQS = OrderedDict()  # (S, T) -> all sequences (int64, read-only): they do not depend on the task
 _Y2 = OrderedDict()  # task.fingerprint -> the second-moment table (read-only), kept for 2 tasks
@@ -40,7 +52,32 @@ def use_table(task, per_atom: bool) -> bool:
     """The one rule: read the weight table (True) or carry the per-atom products (False). See the module doc."""
     if task.continuous:
         return True
-    return bool(per_atom and task.prior.K >= TABLE_MIN_ATOMS and task.table_cached)
+    return bool(per_atom and task.prior.K >= TABLE_MIN_ATOMS and table_built(task))
+
+
+def clear_tables() -> None:
+    """Forget the kept sequence arrays and second-moment tables (the tasks keep their own weight tables)."""
+    with _LOCK:
+        _SEQS.clear()
+        _Y2.clear()
+
+
+def table_built(task) -> bool:
+    """Whether the task keeps its weight table already (built by :meth:`popgrad.Task.weight_table`; never builds)."""
+    return getattr(task, "_table", None) is not None
+
+
+def prepare_table(task) -> bool:
+    """Before a run of many exact evaluations on one task (a trainer's first step): build the task's weight
+    table once when the one rule reads it -- a continuous prior whose table fits the budget, or a finite prior
+    with ``K ≥ TABLE_MIN_ATOMS`` whose table fits. Returns :func:`use_table` ``(task, per_atom=True)`` after it.
+
+    Costs one pass over the sequences (about eight per-atom steps' worth of atom products, DESIGN §20); a no-op
+    for a task that cannot be enumerated (the size guard is the engines' to raise).
+    """
+    if task.enumerable and task.table_cached and (task.continuous or task.prior.K >= TABLE_MIN_ATOMS):
+        task.weight_table()
+    return use_table(task, per_atom=True)
 
 
 def all_sequences(S: int, T: int) -> np.ndarray:

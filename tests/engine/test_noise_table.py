@@ -125,7 +125,8 @@ def test_finite_prior_table_equals_per_atom(monkeypatch, multi):
         task = pg.Task(pg.random_tree(6, 2, 0.5), pg.dirichlet_prior(2, 0.3, 40, 1))
     A1, A2 = _params(task, 3)
     monkeypatch.setattr(_table, "TABLE_MIN_ATOMS", 1)
-    assert _table.use_table(task, per_atom=True)
+    assert not _table.use_table(task, per_atom=True)  # a one-off call never builds the table
+    assert _table.prepare_table(task) and _table.use_table(task, per_atom=True)
     a = pg.gradient_noise(task, A1, A2)
     ra = None if multi else stage1_row_noise(task, A1, A2)
     monkeypatch.setattr(_table, "TABLE_MIN_ATOMS", 10**9)
