@@ -19,6 +19,12 @@ for the mean and, for the second moment, the ``S×S`` matrix
 One enumeration pass, no sampling. A batch of ``B`` independent samples
 (the mean of their gradients) has covariance ``cov / B``.
 
+A continuous prior (:class:`popgrad.DirichletPrior`, :class:`popgrad.DirichletTensorPrior`: a fresh ``π``
+per sample) has the same moments with ``w`` and ``Y2`` its prior means; the kernels then read ``w`` from
+the task's weight table and ``Y2`` from the second-moment table
+(:func:`popgrad.engine.table.second_moment_table`), and so does a finite prior whose table was prepared
+(the one rule, :func:`popgrad.engine.table.use_table`; DESIGN §20).
+
 Coordinates: the gradient is flattened as
 ``concat(dA1[np.tril_indices(T)], dA2.ravel())`` (``D = T(T+1)/2 + S²``);
 for a k-head task ``concat(dA1[0][tril], …, dA1[k-1][tril], dA2.ravel())``
