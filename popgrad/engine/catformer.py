@@ -49,6 +49,7 @@ from .._validation import ArgumentTypeError, as_eps, as_seqs, warn_inf
 from ..model.catformer import CatFormer, catformer_backward, check_task_model
 from ..task.tasks import MultiParentTask, Task
 from . import catformer_symmetry as _sym
+from . import catformer_table as _ct
 from . import table as _table
 from ._args import options_or_default
 from ._kernels import catformer as _kc
@@ -161,14 +162,12 @@ def _dispatch(task, model, params, eps, want_grad, client, opts, symmetry="off")
     if _use_reduction(task, model, params, symmetry):
         return _reduced(task, model, params, eps, want_grad, opts)
     if _table.use_table(task, per_atom=True):  # the one rule (DESIGN §20): the weight table's rows
-        from . import catformer_table as _ct
-
         tjob = _ct.blocks(task, blocks(None, model, params, eps, want_grad, opts), opts)
         if client is None:
-            return _ct.finish_blocks(tjob, _ct.run_blocks(task, tjob))
+            return finish_blocks(tjob.job, _ct.run_blocks(task, tjob))
         from . import distributed as _distributed
 
-        return _ct.finish_blocks(tjob, _distributed.run_blocks(client, task, tjob, _ct.block_work(task, tjob),
+        return finish_blocks(tjob.job, _distributed.run_blocks(client, task, tjob, _ct.block_work(task, tjob),
                                                                _ct.run_blocks))
     job = blocks(task, model, params, eps, want_grad, opts)
     if client is None:

@@ -22,7 +22,7 @@ from . import table as _table
 from ._kernels import catformer as _kc
 from ._kernels.twins import use_parallel
 
-__all__ = ["TableJob", "blocks", "block_work", "run_blocks", "finish_blocks"]
+__all__ = ["TableJob", "TablePartials", "blocks", "block_work", "run_blocks"]
 
 
 class TableJob(NamedTuple):
@@ -32,6 +32,14 @@ class TableJob(NamedTuple):
     job: tuple
     per: int
     n_blocks: int
+
+
+class TablePartials(NamedTuple):
+    """Per-block slots, as :class:`popgrad.engine.catformer.CatFormerPartials` (``loss (n,)``, ``gr (n, ·)``):
+    :func:`popgrad.engine.catformer.finish_blocks` of the model's job adds them."""
+
+    loss: np.ndarray
+    gr: np.ndarray
 
 
 def blocks(task, model_job, opts) -> TableJob:
@@ -53,10 +61,8 @@ def _chunk_blocks(per) -> int:
 
 
 def run_blocks(task, tjob, lo=0, hi=None):
-    """The slots (:class:`popgrad.engine.catformer.CatFormerPartials`) of blocks ``lo … hi-1`` (``hi=None``: to
-    the last), bit for bit those of a whole-range run."""
-    from .catformer import CatFormerPartials
-
+    """The slots (:class:`TablePartials`) of blocks ``lo … hi-1`` (``hi=None``: to the last), bit for bit those
+    of a whole-range run."""
     job, per = tjob.job, tjob.per
     hi = tjob.n_blocks if hi is None else hi
     N = task.n_sequences
@@ -71,12 +77,5 @@ def run_blocks(task, tjob, lo=0, hi=None):
         kernel = _kc.run_rows if job.parallel and b1 - b0 > 1 else _kc.run_rows_serial
         kernel(seqs, w, per, job.sizes, job.hinfo, job.prm, job.eps, job.softmax_readout, job.want_grad,
                loss_s[b0 - lo:b1 - lo], gr_s[b0 - lo:b1 - lo])
-    return CatFormerPartials(loss_s, gr_s if job.want_grad else np.zeros((n, 0)))
-
-
-def finish_blocks(tjob, partials):
-    """All blocks' slots, in block order: :func:`popgrad.engine.catformer.finish_blocks` of the model's job."""
-    from .catformer import finish_blocks as _finish
-
-    return _finish(tjob.job, partials)
+    return TablePartials(loss_s, gr_s if job.want_grad else np.zeros((n, 0)))
 
