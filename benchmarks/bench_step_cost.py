@@ -1,7 +1,8 @@
 """The step-cost table of issue 28 (DESIGN §20): one training step for 48 atoms, 3000 atoms and the continuous prior.
 
     python benchmarks/bench_step_cost.py                          # this tree only
-    python benchmarks/bench_step_cost.py --before /tmp/main-tree  # before/after, interleaved (B, A, B, A)
+    python benchmarks/bench_step_cost.py --before /tmp/main-tree --out runs.jsonl  # before/after, interleaved
+    python benchmarks/bench_step_cost.py --table runs.jsonl       # the table of the runs finished so far
 
 One step is one exact loss-and-gradient evaluation (what a training step costs; the optimizer update is
 negligible beside it), full model (``CatFormer(3, 10)``, random tree T = 10, 59,049 sequences) and reduced
@@ -132,7 +133,17 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", action="store_true", help="measure the popgrad on sys.path, print JSON rows")
+    ap.add_argument("--out", help="with --before: append every finished run to this JSON-lines file")
+    ap.add_argument("--table", help="print the table of a JSON-lines file written by --out, and exit")
     a = ap.parse_args()
+    if a.table:
+        saved = {"before": [], "after": []}
+        with open(a.table) as f:
+            for line in f:
+                r = json.loads(line)
+                saved[r["version"]].append(r["rows"])
+        table({v: rs for v, rs in saved.items() if rs})
+        sys.exit(0)
     if a.json:
         print(json.dumps(measure(a.repeats)))
         sys.exit(0)
@@ -144,4 +155,7 @@ if __name__ == "__main__":
         for v, root in (("before", os.path.abspath(a.before)), ("after", HERE)):
             print(f"round {rnd + 1}: {v} ({root})", file=sys.stderr, flush=True)
             results[v].append(_run_tree(root, a.repeats))
+            if a.out:  # every finished run, kept (a long comparison can be read before it ends: --table)
+                with open(a.out, "a") as f:
+                    f.write(json.dumps({"version": v, "round": rnd + 1, "rows": results[v][-1]}) + "\n")
     table(results)
