@@ -15,12 +15,14 @@ engines, and the reduced prefix engine, which carries ``K`` products per prefix
 node even with its leaf weights cached), ``K ≥ TABLE_MIN_ATOMS``, and the task
 keeps its table already (:func:`table_built`). A run of many evaluations on one
 task -- every trainer, before its first step -- asks for it with
-:func:`prepare_table`; a one-off call never builds it. Why: the table costs
-the same per step for any ``K`` (and for the continuous prior), but building
-it costs about eight per-atom steps' worth of atom products (measured, full
-model S = 3, T = 10: a step 0.11 s CPU on the table, 0.13 s per-atom at 48 atoms and 0.47 s at
-3000; the table build 0.06 s at 48 atoms and 3.3 s at 3000), so a single
-gradient is cheaper per atom and a training run is cheaper on the table
+:func:`prepare_table`; a one-off call never builds it. Why: the table step
+costs the same for any ``K`` (and for the continuous prior), but building a
+finite prior's table costs ``O(S^T · K · T)`` atom products, more than a
+per-atom step (measured, CPU, full model S = 3, T = 10: a step 0.11 s on the
+table, 0.13 s per-atom at 48 atoms and 0.47 s at 3000, the build 3.3 s at
+3000 atoms, repaid after about ten steps; reduced S = 3, T = 12 at 3000
+atoms: 14 ms against 28 ms, the build 35 s), so a single gradient is cheaper
+per atom and a training run gets the step cost of the continuous prior
 (``benchmarks/bench_step_cost.py``). (The reduced engine's exact orbit
 reduction, when it applies, is cheaper still and keeps its own path.) Both
 paths compute the same sums (tests: 1e-13 on finite priors, trajectories
@@ -72,8 +74,8 @@ def prepare_table(task) -> bool:
     table once when the one rule reads it -- a continuous prior whose table fits the budget, or a finite prior
     with ``K ≥ TABLE_MIN_ATOMS`` whose table fits. Returns :func:`use_table` ``(task, per_atom=True)`` after it.
 
-    Costs one pass over the sequences (about eight per-atom steps' worth of atom products, DESIGN §20); a no-op
-    for a task that cannot be enumerated (the size guard is the engines' to raise).
+    Costs one pass over the sequences and atoms (DESIGN §20: about ten full-model steps' savings at 3000 atoms); a
+    no-op for a task that cannot be enumerated (the size guard is the engines' to raise).
     """
     if task.enumerable and task.table_cached and (task.continuous or task.prior.K >= TABLE_MIN_ATOMS):
         task.weight_table()
