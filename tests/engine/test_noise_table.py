@@ -16,12 +16,16 @@ import math
 import numba
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import popgrad as pg
 from popgrad.engine import table as _table
 from popgrad.engine.noise import flatten_grad, gradient_noise_numpy, stage1_row_noise
 from popgrad.engine.single import rows_loss_and_grad
 from popgrad.task.tasks import decode_sequences
+
+from ..strategies import tasks
 
 CONTINUOUS = [
     pg.Task(pg.random_tree(5, 4, 0.5), pg.DirichletPrior(2, 0.1, "uniform")),
@@ -158,3 +162,39 @@ def test_options_and_threads_on_the_table():
     finally:
         numba.set_num_threads(before)
     assert np.array_equal(a.cov, b.cov) and np.array_equal(ra.row_cov, rb.row_cov)
+
+
+@given(tasks(max_T=5, max_S=3, max_sequences=300), st.integers(0, 100))
+@settings(max_examples=10, deadline=None)
+def test_table_path_equals_per_atom_path_property(task, seed):
+    """Any finite task: the prepared table's path and the per-atom path agree to 1e-13 (relative)."""
+    A1, A2 = _params(task, seed)
+    saved = _table.TABLE_MIN_ATOMS
+    try:
+        _table.TABLE_MIN_ATOMS = 10**9
+        a = pg.gradient_noise(task, A1, A2)
+        _table.TABLE_MIN_ATOMS = 1
+        _table.prepare_table(task)
+        assert _table.use_table(task, per_atom=True)
+        b = pg.gradient_noise(task, A1, A2)
+    finally:
+        _table.TABLE_MIN_ATOMS = saved
+    scale = max(1.0, np.abs(a.cov).max())
+    assert np.abs(a.cov - b.cov).max() <= 1e-13 * scale
+    assert abs(a.mean.loss - b.mean.loss) <= 1e-13 * max(1.0, abs(a.mean.loss))
+
+
+def test_continuous_mean_matches_finite_differences():
+    task = pg.Task(pg.random_tree(5, 2, 0.5), pg.DirichletPrior(2, 0.1))
+    A1, A2 = _params(task, 7, scale=0.5)
+    gn = pg.gradient_noise(task, A1, A2)
+    h = 1e-6
+    for (i, j) in [(2, 1), (4, 0)]:
+        E = np.zeros_like(A1)
+        E[i, j] = h
+        fd = (pg.exact_loss(task, A1 + E, A2) - pg.exact_loss(task, A1 - E, A2)) / (2 * h)
+        assert abs(fd - gn.mean.dA1[i, j]) <= 1e-8
+    E = np.zeros_like(A2)
+    E[1, 0] = h
+    fd = (pg.exact_loss(task, A1, A2 + E) - pg.exact_loss(task, A1, A2 - E)) / (2 * h)
+    assert abs(fd - gn.mean.dA2[1, 0]) <= 1e-8
