@@ -3,6 +3,7 @@
     python benchmarks/bench_step_cost.py                          # this tree only
     python benchmarks/bench_step_cost.py --before /tmp/main-tree --out runs.jsonl  # before/after, interleaved
     python benchmarks/bench_step_cost.py --table runs.jsonl       # the table of the runs finished so far
+    python benchmarks/bench_step_cost.py --interleaved            # the three priors' steps, interleaved
 
 One step is one exact loss-and-gradient evaluation (what a training step costs; the optimizer update is
 negligible beside it), full model (``CatFormer(3, 10)``, random tree T = 10, 59,049 sequences) and reduced
@@ -97,6 +98,35 @@ def measure(repeats=3):
     return rows
 
 
+def interleaved(rounds=15):
+    """The training step of the three priors in one process, calls interleaved (48, 3000, continuous, 48, …)
+    on prepared tables: median and quartiles of the CPU time (load drifts hit the three alike)."""
+    import popgrad as pg
+    from popgrad.engine import table as _table
+    from popgrad.engine.catformer import catformer_loss_and_grad
+
+    rng = np.random.default_rng(0)
+    A1, A2 = rng.normal(size=(12, 12)), rng.normal(size=(3, 3))
+    model = pg.CatFormer(3, 10)
+    params = model.init(0.5, 0)
+    print("| model | " + " | ".join(f"{n}: CPU ms (q25–q75)" for n in PRIORS) + " |")
+    print("|---|" + "---|" * len(PRIORS))
+    for kind, T in MODELS:
+        calls = {}
+        for name in PRIORS:
+            task = pg.Task(pg.random_tree(T, 1, 0.5), _prior(pg, name))
+            _table.prepare_table(task)
+            calls[name] = ((lambda task=task: catformer_loss_and_grad(task, model, params)) if kind == "full model"
+                           else (lambda task=task: pg.exact_loss_and_grad(task, A1[:T, :T], A2)))
+            calls[name]()
+        ts = {n: [] for n in calls}
+        for _ in range(rounds if kind == "full model" else 3 * rounds):
+            for n, f in calls.items():
+                ts[n].append(_timed(f)[0])
+        print(f"| {kind} | " + " | ".join(f"{1e3 * np.median(v):.0f} ({1e3 * np.quantile(v, 0.25):.0f}–"
+                                          f"{1e3 * np.quantile(v, 0.75):.0f})" for v in ts.values()) + " |", flush=True)
+
+
 def _run_tree(root, repeats):
     env = dict(os.environ, PYTHONPATH=root, NUMBA_NUM_THREADS=os.environ.get("NUMBA_NUM_THREADS", "1"))
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--json", "--repeats", str(repeats)],
@@ -135,7 +165,12 @@ if __name__ == "__main__":
     ap.add_argument("--json", action="store_true", help="measure the popgrad on sys.path, print JSON rows")
     ap.add_argument("--out", help="with --before: append every finished run to this JSON-lines file")
     ap.add_argument("--table", help="print the table of a JSON-lines file written by --out, and exit")
+    ap.add_argument("--interleaved", action="store_true",
+                    help="this tree only: the three priors' training steps interleaved in one process")
     a = ap.parse_args()
+    if a.interleaved:
+        interleaved()
+        sys.exit(0)
     if a.table:
         saved = {"before": [], "after": []}
         with open(a.table) as f:
