@@ -99,8 +99,9 @@ def measure(repeats=3):
 
 
 def interleaved(rounds=15):
-    """The training step of the three priors in one process, calls interleaved (48, 3000, continuous, 48, …)
-    on prepared tables: median and quartiles of the CPU time (load drifts hit the three alike)."""
+    """The training step of the three priors in one process, calls interleaved (48, 3000, continuous, 48, …),
+    each task's table prepared as a trainer does (the path the rule then picks): median and quartiles of the CPU
+    time (load drifts hit the three alike)."""
     import popgrad as pg
     from popgrad.engine import table as _table
     from popgrad.engine.catformer import catformer_loss_and_grad
@@ -115,7 +116,10 @@ def interleaved(rounds=15):
         calls = {}
         for name in PRIORS:
             task = pg.Task(pg.random_tree(T, 1, 0.5), _prior(pg, name))
-            _table.prepare_table(task)
+            if hasattr(_table, "prepare_table"):
+                _table.prepare_table(task)
+            else:  # before issue 28's rule: a finite prior read the table from 64 atoms on, built on demand
+                task.weight_table()
             calls[name] = ((lambda task=task: catformer_loss_and_grad(task, model, params)) if kind == "full model"
                            else (lambda task=task: pg.exact_loss_and_grad(task, A1[:T, :T], A2)))
             calls[name]()
@@ -166,10 +170,19 @@ if __name__ == "__main__":
     ap.add_argument("--out", help="with --before: append every finished run to this JSON-lines file")
     ap.add_argument("--table", help="print the table of a JSON-lines file written by --out, and exit")
     ap.add_argument("--interleaved", action="store_true",
-                    help="this tree only: the three priors' training steps interleaved in one process")
+                    help="the three priors' training steps interleaved in one process (with --before: per tree, "
+                         "the trees alternating)")
     a = ap.parse_args()
     if a.interleaved:
-        interleaved()
+        if a.before is None:
+            interleaved()
+        else:  # before, after, before, after: one process each
+            for rnd in range(a.rounds):
+                for v, root in (("before", os.path.abspath(a.before)), ("after", HERE)):
+                    env = dict(os.environ, PYTHONPATH=root, NUMBA_NUM_THREADS=os.environ.get("NUMBA_NUM_THREADS", "1"))
+                    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--interleaved"], env=env,
+                                         check=True, capture_output=True, text=True, cwd=root).stdout
+                    print(f"round {rnd + 1}, {v}:\n{out}", flush=True)
         sys.exit(0)
     if a.table:
         saved = {"before": [], "after": []}
