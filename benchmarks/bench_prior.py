@@ -4,12 +4,9 @@
     python benchmarks/bench_prior.py --steps    # the step-cost table only
     python benchmarks/bench_prior.py --quirk    # the InContextTree.bayes quirk only
 
-Step cost: one exact loss-and-gradient evaluation (median of ``--repeats`` after a warm-up call that
-also builds the table), full model (CatFormer, S = 3, T = 10) and reduced model (S = 3, T = 12), for a
-finite prior of 48 atoms (8 draws x 3!), of 3000 atoms (500 draws x 3!) and the continuous prior.
-"before" is the per-atom path (what every call paid before the table), "after" the path the one rule
-picks (popgrad.engine.table.use_table); the continuous prior has no per-atom path. The one-off table
-build is timed separately. Timings depend on the machine: they are printed, never asserted.
+Step cost: ``benchmarks/bench_step_cost.py`` (one training step and the one-off table build, full model
+S = 3, T = 10 and reduced S = 3, T = 12, for 48 atoms, 3000 atoms and the continuous prior, CPU time;
+``--steps`` here runs it on this tree, ``bench_step_cost.py --before TREE`` interleaves before and after).
 
 Quirk: the official ``InContextTree.bayes`` counts every root as a child of position T-2 when that token
 equals the query (``seq[dag]`` with -1). Cross entropy of the soft label against the estimator with and
@@ -19,58 +16,22 @@ S = 3 and 10, T = 20, the chain and official random graphs; mean and standard er
 from __future__ import annotations
 
 import argparse
-import time
+import os
+import sys
 
 import numpy as np
 
 import popgrad as pg
-from popgrad.engine import table as _table
-from popgrad.engine.catformer import catformer_loss_and_grad
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def _median_time(f, repeats):
-    f()  # warm-up: compiles, builds plans and the table
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
+def steps(repeats=3):
+    """The step-cost table of this tree (``benchmarks/bench_step_cost.py``; ``--before`` there for before/after)."""
+    import bench_step_cost
 
-
-def steps(repeats=5):
-    rows = []
-    priors = [("48 atoms", pg.dirichlet_prior(3, 0.1, 8, 0)), ("3000 atoms", pg.dirichlet_prior(3, 0.1, 500, 0)),
-              ("continuous", pg.DirichletPrior(3, 0.1, roots="uniform"))]
-    rng = np.random.default_rng(0)
-    model = pg.CatFormer(3, 10)
-    params = model.init(0.5, 0)
-    A1, A2 = rng.normal(size=(12, 12)), rng.normal(size=(3, 3))
-    for name, prior in priors:
-        for kind, T in (("full model", 10), ("reduced", 12)):
-            task = pg.Task(pg.random_tree(T, 1, 0.5), prior)
-            if kind == "full model":
-                def call():
-                    return catformer_loss_and_grad(task, model, params)
-            else:
-                def call():
-                    return pg.exact_loss_and_grad(task, A1[:T, :T], A2)
-            t0 = time.perf_counter()
-            if task.continuous or kind == "full model":
-                task.weight_table()
-            build = time.perf_counter() - t0
-            after = _median_time(call, repeats)
-            before = None
-            if not task.continuous:
-                saved = _table.TABLE_MIN_ATOMS
-                _table.TABLE_MIN_ATOMS = 10**12
-                try:
-                    before = _median_time(call, repeats)
-                finally:
-                    _table.TABLE_MIN_ATOMS = saved
-            rows.append((kind, name, before, after, build))
-            print(f"{kind:10s} {name:11s} before {'-' if before is None else f'{1e3 * before:9.2f} ms'}  "
-                  f"after {1e3 * after:9.2f} ms  (table build {build:.2f} s)", flush=True)
+    rows = bench_step_cost.measure(repeats)
+    bench_step_cost.table({"this tree": [rows]})
     return rows
 
 
@@ -102,7 +63,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", action="store_true")
     ap.add_argument("--quirk", action="store_true")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     both = not (a.steps or a.quirk)
     if a.quirk or both:

@@ -27,6 +27,7 @@ from ..task.tasks import MultiParentTask, check_task
 from . import multi as _multi
 from . import single as _single
 from . import symmetry as _symmetry
+from . import table as _table
 from ._args import options_or_default, validate
 from .options import ENGINES
 from .reference import exact_loss_and_grad_numpy
@@ -183,6 +184,7 @@ def clear_caches() -> None:
     task rebuilds what it needs).
     """
     _single.clear_plans()
+    _table.clear_tables()
     _symmetry._CLOSED.clear()
     dist = sys.modules.get(__package__ + ".distributed")
     if dist is not None:  # the worker-side caches of this process (a worker, or a threads-only cluster)

@@ -49,6 +49,7 @@ from .._validation import ArgumentTypeError, as_eps, as_seqs, warn_inf
 from ..model.catformer import CatFormer, catformer_backward, check_task_model
 from ..task.tasks import MultiParentTask, Task
 from . import catformer_symmetry as _sym
+from . import catformer_table as _ct
 from . import table as _table
 from ._args import options_or_default
 from ._kernels import catformer as _kc
@@ -110,7 +111,8 @@ def catformer_loss_and_grad(task, model, params, eps=None, client=None, options=
         it when the prior is exactly closed under relabeling (single-parent task, ``S ≥ 2``) and ``params``
         is relabeling-equivariant to ``EQUIV_RTOL`` (checked at every call); ``"on"`` requires it (else a
         ValueError naming the failed condition); ``"off"`` never. The reduced sum runs in this process
-        (``client`` is then not used).
+        (``client`` is then not used). The weight-table path (DESIGN §20) splits its blocks over ``client``
+        like the per-atom path.
 
     Returns
     -------
@@ -159,11 +161,14 @@ def _dispatch(task, model, params, eps, want_grad, client, opts, symmetry="off")
         _distributed.check_client(client)
     if _use_reduction(task, model, params, symmetry):
         return _reduced(task, model, params, eps, want_grad, opts)
-    if _table.use_table(task, per_atom=True) and (client is None or task.continuous):  # the one rule (DESIGN §20)
-        if client is not None:
-            raise ValueError("client=: the weight-table path of a continuous prior runs in this process; "
-                             "call without client")
-        return _table_dispatch(task, model, params, eps, want_grad, opts)
+    if _table.use_table(task, per_atom=True):  # the one rule (DESIGN §20): the weight table's rows
+        tjob = _ct.blocks(task, blocks(None, model, params, eps, want_grad, opts), opts)
+        if client is None:
+            return finish_blocks(tjob.job, _ct.run_blocks(task, tjob))
+        from . import distributed as _distributed
+
+        return finish_blocks(tjob.job, _distributed.run_blocks(client, task, tjob, _ct.block_work(task, tjob),
+                                                               _ct.run_blocks))
     job = blocks(task, model, params, eps, want_grad, opts)
     if client is None:
         partials = run_blocks(task, job)
@@ -172,33 +177,6 @@ def _dispatch(task, model, params, eps, want_grad, client, opts, symmetry="off")
 
         partials = _distributed.run_blocks(client, task, job, block_work(task, job), run_blocks)
     return finish_blocks(job, partials)
-
-
-def _table_dispatch(task, model, params, eps, want_grad, opts) -> CatFormerLossAndGrad:
-    """The population sum over the task's weight table (DESIGN §20): the rows kernel of
-    :func:`catformer_rows_loss_and_grad` on every sequence in enumeration order (already sorted by tokens,
-    so the same blocks and bits as that function on ``(all sequences, weight_table)``), chunked in whole
-    blocks when the table is not kept."""
-    job = blocks(None, model, params, eps, want_grad, opts)
-    N = task.n_sequences
-    per = max(int(opts.catformer_rows_per_block), -(-N // int(opts.max_blocks)))  # _rows_partials' blocks
-    n_blocks = max(1, -(-N // per))
-    loss_s = np.zeros(n_blocks)
-    gr_s = np.zeros((n_blocks, job.n_A + job.w_shape[0] * job.w_shape[1]))
-    step = N if task.table_cached else per * max(1, _table_chunk_blocks(per))
-    for lo in range(0, N, step):
-        hi = min(N, lo + step)
-        seqs, w = _table.table_rows(task, lo, hi)
-        b0, b1 = lo // per, -(-hi // per)
-        kernel = _kc.run_rows if use_parallel(b1 - b0, hi - lo, opts) else _kc.run_rows_serial
-        kernel(seqs, w, per, job.sizes, job.hinfo, job.prm, job.eps, job.softmax_readout, job.want_grad,
-               loss_s[b0:b1], gr_s[b0:b1])
-    return finish_blocks(job, CatFormerPartials(loss_s, gr_s))
-
-
-def _table_chunk_blocks(per) -> int:
-    """Blocks per streamed chunk of an uncached table (about 2**18 sequences)."""
-    return max(1, 2**18 // per)
 
 
 # ====================================================================== explicit rows

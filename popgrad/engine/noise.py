@@ -19,6 +19,12 @@ for the mean and, for the second moment, the ``S×S`` matrix
 One enumeration pass, no sampling. A batch of ``B`` independent samples
 (the mean of their gradients) has covariance ``cov / B``.
 
+A continuous prior (:class:`popgrad.DirichletPrior`, :class:`popgrad.DirichletTensorPrior`: a fresh ``π``
+per sample) has the same moments with ``w`` and ``Y2`` its prior means; the kernels then read ``w`` from
+the task's weight table and ``Y2`` from the second-moment table
+(:func:`popgrad.engine.table.second_moment_table`), and so does a finite prior whose table was prepared
+(the one rule, :func:`popgrad.engine.table.use_table`; DESIGN §20).
+
 Coordinates: the gradient is flattened as
 ``concat(dA1[np.tril_indices(T)], dA2.ravel())`` (``D = T(T+1)/2 + S²``);
 for a k-head task ``concat(dA1[0][tril], …, dA1[k-1][tril], dA2.ravel())``
@@ -45,6 +51,7 @@ from ..model.multihead import head_attention
 from ..model.reduced import first_layer_attention, softmax
 from ..task.tasks import MultiParentTask, decode_sequences, parent_rows
 from ._args import options_or_default, validate
+from . import table as _table
 from ._kernels import noise as _kn
 from ._kernels.twins import use_parallel
 from .result import LossAndGrad
@@ -65,7 +72,8 @@ class NoiseJob(NamedTuple):
 
     ``mode`` is ``"moments"`` (:func:`gradient_noise`) or ``"rows"`` (:func:`stage1_row_noise`); ``k`` the
     heads of a k-parent task (``None``: single-parent); ``P`` the layer-1 attention, ``A2``, ``eps``;
-    ``n_blocks`` blocks of ``block`` consecutive sequence numbers; ``parallel`` the twin to run.
+    ``n_blocks`` blocks of ``block`` consecutive sequence numbers; ``parallel`` the twin to run; ``table``
+    the weight-table path (:func:`popgrad.engine.table.use_table`, DESIGN §20) or the per-atom sums.
     """
 
     mode: str
@@ -78,6 +86,7 @@ class NoiseJob(NamedTuple):
     n_blocks: int
     block: int
     parallel: bool
+    table: bool = False
 
 
 class MomentPartials(NamedTuple):
@@ -220,7 +229,8 @@ def blocks(task, A1, A2, eps, mode, opts) -> NoiseJob:
     n_blocks, block = noise_blocks(task.n_sequences, opts)
     P = np.ascontiguousarray(head_attention(A1) if multi else first_layer_attention(A1))
     return NoiseJob(mode, task.S, task.T, task.k if multi else None, P, np.ascontiguousarray(A2, dtype=np.float64),
-                    float(eps), n_blocks, block, use_parallel(n_blocks, task.n_sequences, opts))
+                    float(eps), n_blocks, block, use_parallel(n_blocks, task.n_sequences, opts),
+                    _table.use_table(task, per_atom=True))  # the one rule (DESIGN §20)
 
 
 def block_work(task, job) -> np.ndarray:
@@ -235,10 +245,11 @@ def run_blocks(task, job, lo=0, hi=None):
     n = hi - lo
     S, T = job.S, job.T
     par = job.parallel and n > 1
+    weights = _weight_arrays(task, job, lo, hi)
     if job.mode == "rows":
         mean_s, R_s = np.zeros((n, T, T)), np.zeros((n, T, T, T))
         kernel = _kn.row_moments_single if par else _kn.row_moments_single_serial
-        kernel(lo, *task.kernel_arrays(), job.P, job.A2, job.eps, job.block, mean_s, R_s)
+        kernel(lo, *weights, job.P, job.A2, job.eps, job.block, mean_s, R_s)
         return RowPartials(mean_s, R_s)
     heads = 1 if job.k is None else job.k
     D = heads * (T * (T + 1) // 2 + S * S)
@@ -247,8 +258,30 @@ def run_blocks(task, job, lo=0, hi=None):
         kernel = _kn.moments_single if par else _kn.moments_single_serial
     else:
         kernel = _kn.moments_multi if par else _kn.moments_multi_serial
-    kernel(lo, *task.kernel_arrays(), job.P, job.A2, job.eps, job.block, mean_s, M2_s, mom_s)
+    kernel(lo, *weights, job.P, job.A2, job.eps, job.block, mean_s, M2_s, mom_s)
     return MomentPartials(mean_s, M2_s, mom_s)
+
+
+def _weight_arrays(task, job, lo, hi):
+    """The kernels' weight arguments for blocks ``lo … hi-1``: ``(*kernel_arrays, wtab, y2tab, row0)``.
+
+    Table path: the rows of the task's weight table and of the second-moment table
+    (:func:`popgrad.engine.table.second_moment_rows`) covering the blocks, ``row0`` the first sequence, and
+    empty atom arrays; per-atom path: the task's atoms and empty tables.
+    """
+    S = job.S
+    if not job.table:
+        return (*task.kernel_arrays(), np.zeros((0, S)), np.zeros((0, S, S)), 0)
+    start, stop = lo * job.block, min(task.n_sequences, hi * job.block)
+    seqs_w = _table.table_rows(task, start, stop)[1]
+    y2 = _table.second_moment_rows(task, start, stop)
+    parents = np.ascontiguousarray(task.graph.parents, dtype=np.int64)
+    if job.k is None:
+        none = (parents, np.zeros((0, S)), np.zeros((0, S, S)), np.zeros(0))
+    else:
+        tp = np.ascontiguousarray(task.graph.target_parents, dtype=np.int64)
+        none = (parents, tp, np.zeros((0, S**job.k, S)), np.zeros(0))
+    return (*none, np.ascontiguousarray(seqs_w), np.ascontiguousarray(y2), start)
 
 
 def finish_blocks(job, partials):
@@ -292,9 +325,10 @@ def _assemble(S, T, k, mean, M2, moments) -> GradientNoise:
 def gradient_noise_numpy(task, A1, A2, eps=None, chunk=4096) -> GradientNoise:
     """Plain-NumPy reference of :func:`gradient_noise` (same result up to rounding).
 
-    Per chunk: the per-atom probabilities ``p_k(s)``, hence ``w`` and ``Y2``;
-    the per-token gradients ``J[n, c, :] = flatten_grad(∇ℓ_c(s_n))`` as whole
-    arrays; then ``Σ_n J_nᵀ Y2_n J_n`` as one matrix product.
+    Per chunk: the per-atom probabilities ``p_k(s)``, hence ``w`` and ``Y2`` (a continuous prior has no
+    atoms: the rows of its weight table and second-moment table, :func:`popgrad.engine.table.second_moment_rows`,
+    the same weights the kernels read); the per-token gradients ``J[n, c, :] = flatten_grad(∇ℓ_c(s_n))`` as
+    whole arrays; then ``Σ_n J_nᵀ Y2_n J_n`` as one matrix product.
     """
     A1, A2, eps = validate(task, A1, A2, eps)
     task.check_size()
@@ -304,9 +338,13 @@ def gradient_noise_numpy(task, A1, A2, eps=None, chunk=4096) -> GradientNoise:
     moments = np.zeros(2)
     for c0 in range(0, task.n_sequences, chunk):
         seqs = decode_sequences(c0, min(c0 + chunk, task.n_sequences), S, T)
-        pk, lab = _atom_probs_multi(task, seqs) if multi else _atom_probs(task, seqs)  # (K, n), (K, n, S)
-        w = np.einsum("kn,knc->nc", pk, lab)
-        Y2 = np.einsum("kn,knc,knd->ncd", pk, lab, lab)
+        if task.continuous:
+            w = task.weight_rows(c0, c0 + len(seqs))
+            Y2 = _table.second_moment_rows(task, c0, c0 + len(seqs))
+        else:
+            pk, lab = _atom_probs_multi(task, seqs) if multi else _atom_probs(task, seqs)  # (K, n), (K, n, S)
+            w = np.einsum("kn,knc->nc", pk, lab)
+            Y2 = np.einsum("kn,knc,knd->ncd", pk, lab, lab)
         J, lc = _token_grads_multi(head_attention(A1), A2, seqs, eps) if multi else _token_grads(A1, A2, seqs, eps)
         with np.errstate(invalid="ignore"):
             J = np.where((w > 0)[:, :, None], J, 0.0)

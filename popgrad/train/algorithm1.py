@@ -34,6 +34,7 @@ from ..engine.api import exact_loss, exact_loss_and_grad
 from ..engine.field import field_grad_A1, stage1_field
 from ..engine.sampled import SampledObjective, default_samples, estimate
 from ..engine.single import rows_loss_and_grad, rows_losses
+from ..engine.table import prepare_table
 from ..task.tasks import Task, TaskTooLargeError, check_task
 from ..theory.information import has_idealized_gradient, idealized_grad_A1
 from .config import TrainConfig, resolve_auto
@@ -175,6 +176,8 @@ def train_two_stage(
                 f"{what} needs the exact population: {exc} For Stage 1 at any T: gradient='field' "
                 "(or 'idealized'); for Stage 2 beyond enumeration: stage2='sampled'."
             ) from None
+    if enumerable and cfg.gradient != "sgd":
+        prepare_table(task)  # many exact evaluations on one task: the weight table, once (the one rule, DESIGN §20)
     graph = task.graph
     scheme = ReducedScheme(task, cfg, lambda A1: attention_to_parent(graph, A1), cfg.eta1(task), cfg.eta2(task))
     state = start_state(task, scheme, checkpoint_path, checkpoint_every, resume)

@@ -49,6 +49,7 @@ from .._validation import ArgumentTypeError, as_int, as_real
 from ..engine.catformer import catformer_loss_and_grad
 from ..engine.catformer_rows import catformer_batch_loss_and_grad
 from ..engine.sampled import estimate
+from ..engine.table import prepare_table
 from ..model.catformer import CatFormer, CatFormerParams, check_task_model
 from .loop import StepValues, run_schedule, start_state
 from .optim import (LR_SCHEDULES, OPTIMIZERS, GradientTransformationLike, Optimizer, apply_updates, flatten_state,
@@ -635,6 +636,7 @@ def train_catformer(task, model: CatFormer, steps: int, config: CatFormerTrainCo
     cfg = replace(base, **init_fields) if any(getattr(base, k) != v for k, v in init_fields.items()) else base
     if cfg.gradient == "exact":
         task.check_size()
+        prepare_table(task)  # many exact steps on one task: the weight table, once (the one rule, DESIGN §20)
     scheme = CatFormerScheme(task, model, cfg, start)
     state = start_state(task, scheme, checkpoint_path, checkpoint_every, resume)
     params = lambda: scheme.params_of(state.arrays)  # noqa: E731  (the current parameters)

@@ -51,6 +51,7 @@ import numpy as np
 
 from .._validation import ArgumentTypeError
 from ..engine.api import exact_loss_and_grad
+from ..engine.table import prepare_table
 from ..task.tasks import MultiParentTask, check_task
 from .config import MultiHeadTrainConfig
 from .loop import StepValues, run_schedule, start_state
@@ -134,6 +135,7 @@ def train_multi_head(
         raise ArgumentTypeError(f"config must be a popgrad.MultiHeadTrainConfig, got {type(config).__name__}")
     cfg = config.validate()
     task.check_size()
+    prepare_table(task)  # many exact steps on one task: the weight table, once (the one rule, DESIGN §20)
     if A1_init is not None:
         A1_init = np.array(A1_init, dtype=np.float64)
         shape = (task.k, task.T, task.T)

@@ -219,3 +219,61 @@ def test_popgrad_run_scheduler(client, tmp_path):
     b = np.load(tmp_path / "b" / "trajectory.npz")
     assert np.array_equal(a["A1"], b["A1"]) and np.array_equal(a["A2"], b["A2"])
     assert not client.status == "closed"  # the job closes only the client it opened
+
+
+def _fresh(task):
+    """An equal task (same fingerprint) without its table: the workers, told to forget theirs, build their own."""
+    return type(task)(task.graph, task.prior)
+
+
+@pytest.mark.parametrize("prior", ["uniform", "stationary"])
+def test_weight_table_paths(client, prior):
+    """Continuous prior (the weight table, DESIGN §20): every engine over workers = local, bit for bit, whether
+    the table travelled with the task or each worker built its own."""
+    from popgrad.engine.noise import stage1_row_noise
+
+    task = pg.Task(pg.random_tree(6, seed=2), pg.DirichletPrior(3, 0.2, prior))
+    model = pg.CatFormer(3, 6, heads=(1, 1))
+    params = model.init(0.5, 4)
+    A1, A2 = _params(task)
+    opts = pg.EngineOptions(prefix_block_sequences=9, direct_block_sequences=64, noise_block_sequences=64,
+                            catformer_rows_per_block=64, parallel_min_sequences=1)
+    for o in (None, opts):
+        ref = pg.catformer_loss_and_grad(task, model, params, options=o)  # builds the table here
+        for t in (task, _fresh(task)):
+            client.run(D.clear_worker_caches)
+            r = pg.catformer_loss_and_grad(t, model, params, options=o, client=client)
+            assert r.loss == ref.loss and np.array_equal(r.dW, ref.dW)
+            assert all(np.array_equal(a, b) for a, b in zip(r.dA, ref.dA))
+        assert pg.catformer_loss(task, model, params, options=o, client=client) == ref.loss
+        _assert_same(pg.exact_loss_and_grad(task, A1, A2, options=o, client=client),
+                     pg.exact_loss_and_grad(task, A1, A2, options=o))
+        big = 600.0 * np.eye(3)  # past A2's range limit: the rows path over the table
+        _assert_same(pg.exact_loss_and_grad(task, A1, big, options=o, client=client),
+                     pg.exact_loss_and_grad(task, A1, big, options=o))
+        a, b = pg.gradient_noise(task, A1, A2, options=o), pg.gradient_noise(task, A1, A2, options=o, client=client)
+        assert np.array_equal(a.cov, b.cov) and a.mean.loss == b.mean.loss and a.loss_var == b.loss_var
+        a, b = stage1_row_noise(task, A1, A2, options=o), stage1_row_noise(task, A1, A2, options=o, client=client)
+        assert np.array_equal(a.dA1, b.dA1) and np.array_equal(a.row_cov, b.row_cov)
+
+
+def test_weight_table_paths_k_heads_and_finite(client):
+    """k heads on a continuous prior; a finite prior whose table is prepared (the full model, the noise)."""
+    from popgrad.engine import table as _table
+
+    task = pg.MultiParentTask(pg.two_parent(5), pg.DirichletTensorPrior(2, 2, 0.1))
+    rng = np.random.default_rng(2)
+    A1, A2 = rng.normal(size=(2, 5, 5)), rng.normal(size=(2, 2, 2))
+    _assert_same(pg.exact_loss_and_grad(task, A1, A2, client=client), pg.exact_loss_and_grad(task, A1, A2))
+    a, b = pg.gradient_noise(task, A1, A2), pg.gradient_noise(task, A1, A2, client=client)
+    assert np.array_equal(a.cov, b.cov) and a.mean.loss == b.mean.loss
+    st = pg.Task(pg.random_tree(6, seed=1), pg.dirichlet_prior(3, 0.3, 4, seed=1))  # 24 atoms
+    assert _table.prepare_table(st)
+    model = pg.CatFormer(3, 6)
+    params = model.init(0.5, 1)
+    ref = pg.catformer_loss_and_grad(st, model, params)
+    r = pg.catformer_loss_and_grad(st, model, params, client=client)
+    assert r.loss == ref.loss and all(np.array_equal(x, y) for x, y in zip(r.dA, ref.dA))
+    B1, B2 = _params(st)
+    a, b = pg.gradient_noise(st, B1, B2), pg.gradient_noise(st, B1, B2, client=client)
+    assert np.array_equal(a.cov, b.cov) and a.mean.loss == b.mean.loss

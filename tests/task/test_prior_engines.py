@@ -71,6 +71,8 @@ def test_table_equals_per_atom_path(monkeypatch):
     mt = pg.MultiParentTask(pg.two_parent(5), pg.dirichlet_tensor_prior(2, 2, 0.3, 80, 0))
     st = pg.Task(pg.random_tree(5, 2, 0.5), pg.dirichlet_prior(2, 0.3, 40, 1))
     assert mt.prior.K >= _table.TABLE_MIN_ATOMS and st.prior.K >= _table.TABLE_MIN_ATOMS
+    assert not _table.use_table(mt, per_atom=True)  # one-off calls: the per-atom path until the table is prepared
+    assert _table.prepare_table(mt) and _table.prepare_table(st)
     rng = np.random.default_rng(5)
     A1, A2 = rng.normal(size=(2, 5, 5)), rng.normal(size=(2, 2, 2))
     model = pg.CatFormer(2, 5)
@@ -124,7 +126,6 @@ def test_field_refuses_continuous_prior():
 
 def test_atom_computations_refuse_in_one_line():
     task = pg.Task(pg.chain(4), pg.DirichletPrior(2, 0.1))
-    for f in (lambda: pg.gradient_noise(task, np.zeros((4, 4)), np.eye(2)),
-              lambda: pg.assumptions(task), lambda: task.prior.atoms):
+    for f in (lambda: pg.assumptions(task), lambda: task.prior.atoms):
         with pytest.raises(ValueError, match="continuous"):
             f()

@@ -79,6 +79,16 @@ def _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2, pc):
             _add_component(pc, atoms[m, rt], w, Y2)
 
 
+@njit(cache=True, inline="always")
+def _table_weights(r, wtab, y2tab, w, Y2):
+    """``w[c] = wtab[r, c]``, ``Y2[c, c'] = y2tab[r, c, c']``: row ``r`` of the task's weight tables (DESIGN §20)."""
+    S = w.shape[0]
+    for c in range(S):
+        w[c] = wtab[r, c]
+        for d in range(S):
+            Y2[c, d] = y2tab[r, c, d]
+
+
 @njit(cache=True)
 def _scratch(S, T):
     """One block's per-sequence scratch: ``s (T,)`` int64, ``w (S,)``, ``Y2 (S, S)``, ``pc (S,)``,
@@ -149,11 +159,15 @@ def _forward_single(s, P, A2, V, u, a, f):
 
 
 @njit(cache=True, inline="always")
-def _single_sequence(m, parents, mu, atoms, prior_w, P, A2, s, w, Y2, pc, V, u, a, f):
-    """Sequence number ``m`` into ``s``, its ``w``, ``Y2`` (:func:`_token_weights`) and, when it carries
-    weight, :func:`_forward_single`; False (nothing to add) when ``Σ_c w[c] = 0``."""
+def _single_sequence(m, parents, mu, atoms, prior_w, wtab, y2tab, row0, P, A2, s, w, Y2, pc, V, u, a, f):
+    """Sequence number ``m`` into ``s``, its ``w``, ``Y2`` (row ``m - row0`` of the tables when they are given,
+    ``wtab.shape[0] > 0``; else :func:`_token_weights` over the atoms) and, when it carries weight,
+    :func:`_forward_single`; False (nothing to add) when ``Σ_c w[c] = 0``."""
     decode_sequence(m, A2.shape[0], s.shape[0], s)
-    _token_weights(s, parents, mu, atoms, prior_w, w, Y2, pc)
+    if wtab.shape[0] > 0:
+        _table_weights(m - row0, wtab, y2tab, w, Y2)
+    else:
+        _token_weights(s, parents, mu, atoms, prior_w, w, Y2, pc)
     if not has_weight(w):
         return False
     _forward_single(s, P, A2, V, u, a, f)
@@ -210,7 +224,7 @@ def _accumulate(g, idx, w, Y2, lc, mean, M2, h, moments):
 
 
 @njit(cache=True, error_model="numpy")
-def _single_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean, M2, moments):
+def _single_block(b, block, parents, mu, atoms, prior_w, wtab, y2tab, row0, P, A2, eps, mean, M2, moments):
     """Moments of the sequences ``b·block … min((b+1)·block, S**T) - 1`` (single-parent model)."""
     S = A2.shape[0]
     T = P.shape[0]
@@ -223,7 +237,7 @@ def _single_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean, M2, m
     for a_ in range(D1):
         idx[a_] = a_
     for m in range(b * block, min((b + 1) * block, S**T)):
-        if not _single_sequence(m, parents, mu, atoms, prior_w, P, A2, s, w, Y2, pc, V, u, a, f):
+        if not _single_sequence(m, parents, mu, atoms, prior_w, wtab, y2tab, row0, P, A2, s, w, Y2, pc, V, u, a, f):
             continue
         q = s[T - 1]
         for c in range(S):
@@ -245,21 +259,25 @@ def _single_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean, M2, m
         _accumulate(g, idx, w, Y2, lc, mean, M2, h, moments)
 
 
-def _moments_single_body(lo, parents, mu, atoms, prior_w, P, A2, eps, block, mean_s, M2_s, moments_s):
+def _moments_single_body(lo, parents, mu, atoms, prior_w, wtab, y2tab, row0, P, A2, eps, block, mean_s, M2_s,
+                         moments_s):
     """Per-block first and second moments of the per-sample gradient (single-parent), blocks ``lo …``.
 
     Slot ``b`` holds block ``lo + b``'s sums: ``mean_s (n, D)``, ``M2_s (n, D, D)``,
-    ``moments_s (n, 2)`` (``Σ w ℓ``, ``Σ Y2 ℓℓ``); ``D = T(T+1)/2 + S²``.
+    ``moments_s (n, 2)`` (``Σ w ℓ``, ``Σ Y2 ℓℓ``); ``D = T(T+1)/2 + S²``. The weights of sequence ``m`` are
+    rows ``m - row0`` of ``wtab (n, S)``, ``y2tab (n, S, S)`` when ``wtab`` has rows (the table path,
+    DESIGN §20; the atom arrays are then not read), else the per-atom sums over ``atoms`` (``wtab`` empty).
     """
     for b in prange(mean_s.shape[0]):
-        _single_block(lo + b, block, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
+        _single_block(lo + b, block, parents, mu, atoms, prior_w, wtab, y2tab, row0, P, A2, eps, mean_s[b], M2_s[b],
+                      moments_s[b])
 
 
 moments_single, moments_single_serial = twins(_moments_single_body)
 
 
 @njit(cache=True, error_model="numpy")
-def _multi_block(b, block, parents, tp, atoms, pk0, P, A2, eps, mean, M2, moments):
+def _multi_block(b, block, parents, tp, atoms, pk0, wtab, y2tab, row0, P, A2, eps, mean, M2, moments):
     """Moments of one block of sequences (k-head model of :mod:`popgrad.engine.multi`)."""
     k, S, _ = A2.shape
     T = P.shape[1]
@@ -275,7 +293,10 @@ def _multi_block(b, block, parents, tp, atoms, pk0, P, A2, eps, mean, M2, moment
     Grow = np.empty(T)
     for m in range(b * block, min((b + 1) * block, S**T)):
         decode_sequence(m, S, T, s)
-        _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2, pc)
+        if wtab.shape[0] > 0:
+            _table_weights(m - row0, wtab, y2tab, w, Y2)
+        else:
+            _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2, pc)
         if not has_weight(w):
             continue
         head_sums(s, P, H)
@@ -318,17 +339,18 @@ def _multi_block(b, block, parents, tp, atoms, pk0, P, A2, eps, mean, M2, moment
         _accumulate(g, idx, w, Y2, lc, mean, M2, hh, moments)
 
 
-def _moments_multi_body(lo, parents, tp, atoms, pk0, P, A2, eps, block, mean_s, M2_s, moments_s):
+def _moments_multi_body(lo, parents, tp, atoms, pk0, wtab, y2tab, row0, P, A2, eps, block, mean_s, M2_s, moments_s):
     """:func:`moments_single` for the k-head model; ``D = k·T(T+1)/2 + k·S²``."""
     for b in prange(mean_s.shape[0]):
-        _multi_block(lo + b, block, parents, tp, atoms, pk0, P, A2, eps, mean_s[b], M2_s[b], moments_s[b])
+        _multi_block(lo + b, block, parents, tp, atoms, pk0, wtab, y2tab, row0, P, A2, eps, mean_s[b], M2_s[b],
+                     moments_s[b])
 
 
 moments_multi, moments_multi_serial = twins(_moments_multi_body)
 
 
 @njit(cache=True, error_model="numpy")
-def _rows_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean, R):
+def _rows_block(b, block, parents, mu, atoms, prior_w, wtab, y2tab, row0, P, A2, eps, mean, R):
     """Mean ``dA1`` and per-row second moments ``R[i, j, j']`` of one block (single-parent).
 
     Per sequence ``R[i] += m_i(s) Z_i Z_iᵀ`` with ``m_i = Σ_cc' Y2[c,c'] δ^c_i δ^c'_i``.
@@ -340,7 +362,7 @@ def _rows_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean, R):
     dl = np.empty((S, T))
     Z = np.empty(T)
     for m in range(b * block, min((b + 1) * block, S**T)):
-        if not _single_sequence(m, parents, mu, atoms, prior_w, P, A2, s, w, Y2, pc, V, u, a, f):
+        if not _single_sequence(m, parents, mu, atoms, prior_w, wtab, y2tab, row0, P, A2, s, w, Y2, pc, V, u, a, f):
             continue
         for c in range(S):
             _delta(c, s, a, f, 0.0 if w[c] == 0.0 else 1.0 / (f[c] + eps), dl[c])
@@ -361,14 +383,41 @@ def _rows_block(b, block, parents, mu, atoms, prior_w, P, A2, eps, mean, R):
                         R[i, j, jj] += mz * Z[jj]
 
 
-def _row_moments_single_body(lo, parents, mu, atoms, prior_w, P, A2, eps, block, mean_s, R_s):
+def _row_moments_single_body(lo, parents, mu, atoms, prior_w, wtab, y2tab, row0, P, A2, eps, block, mean_s, R_s):
     """Per-block mean ``dA1`` (``mean_s (n, T, T)``) and per-row second moments (``R_s (n, T, T, T)``) of
-    blocks ``lo …``. Work ``O(T³)`` per sequence."""
+    blocks ``lo …`` (weights as in :func:`moments_single`). Work ``O(T³)`` per sequence."""
     for b in prange(mean_s.shape[0]):
-        _rows_block(lo + b, block, parents, mu, atoms, prior_w, P, A2, eps, mean_s[b], R_s[b])
+        _rows_block(lo + b, block, parents, mu, atoms, prior_w, wtab, y2tab, row0, P, A2, eps, mean_s[b], R_s[b])
 
 
 row_moments_single, row_moments_single_serial = twins(_row_moments_single_body)
+
+
+@njit(cache=True)
+def second_moment_table(start, parents, mu, atoms, prior_w, y2_out):
+    """Rows ``start …`` of a single-parent task's second-moment table: ``y2_out[r] = Y2(s)`` of sequence
+    ``start + r`` (:func:`_token_weights`, the per-atom path's own arithmetic: the same bits)."""
+    S = atoms.shape[1]
+    T = parents.shape[0]
+    s = np.empty(T, dtype=np.int64)
+    pc = np.empty(S)
+    w = np.empty(S)
+    for r in range(y2_out.shape[0]):
+        decode_sequence(start + r, S, T, s)
+        _token_weights(s, parents, mu, atoms, prior_w, w, y2_out[r], pc)
+
+
+@njit(cache=True)
+def second_moment_table_multi(start, parents, tp, atoms, pk0, y2_out):
+    """:func:`second_moment_table` of a k-parent task (:func:`_token_weights_multi`)."""
+    S = atoms.shape[2]
+    T = parents.shape[0]
+    s = np.empty(T, dtype=np.int64)
+    pc = np.empty(S)
+    w = np.empty(S)
+    for r in range(y2_out.shape[0]):
+        decode_sequence(start + r, S, T, s)
+        _token_weights_multi(s, parents, tp, atoms, pk0, w, y2_out[r], pc)
 
 
 @njit(cache=True)
