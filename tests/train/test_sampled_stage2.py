@@ -5,6 +5,7 @@ import pytest
 import popgrad as pg
 from popgrad.engine.sampled import SampledObjective, estimate, quantile_interval
 from popgrad.engine.symmetry import symmetrize_dA2
+from popgrad.task.sampling import sample_relabeled
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def test_sampled_gradient_is_unbiased_and_projected(small_task, exact_run):
 def test_implicit_closure_sampler_matches_exact_weights():
     task = pg.Task(pg.chain(4), pg.dirichlet_prior(3, 1.0, 2, seed=0))
     n = 300_000
-    smp = task._sample_relabeled(n, np.random.default_rng(1))
+    smp = sample_relabeled(task, n, np.random.default_rng(1))
     np.testing.assert_array_equal(smp.targets, task.prior.atoms[smp.atoms, smp.seqs[:, -1]])
     idx = smp.seqs @ 3 ** np.arange(3, -1, -1)
     seqs, w = next(task.enumerate())
