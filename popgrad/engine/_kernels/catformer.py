@@ -863,8 +863,18 @@ def _leaf_group(q_lo, q_hi, z, s, hinfo, prm, F, gr, Wl, Q, qs, eps, softmax_rea
 
 
 @njit(cache=True, error_model="numpy")
+def _orbit_weights(M, S, orbit, Wl):
+    """``Wl[q] *= orbit[m]``, ``m = max(M, q) + 1`` the distinct tokens of the canonical leaf ``… q`` whose
+    prefix has maximum ``M`` (the leaves ``q ≤ M + 1``)."""
+    for q in range(min(S, M + 2)):
+        f = orbit[max(M, q) + 1]
+        for c in range(S):
+            Wl[q, c] *= f
+
+
+@njit(cache=True, error_model="numpy")
 def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT, eps, softmax_readout,
-           want_grad, gr):
+           want_grad, canon, orbit, gr):
     """Block ``b``: every sequence whose first ``n_fixed`` tokens are the base-``S`` digits of ``b``; its loss.
 
     Adds the block's gradient into ``gr = [dA (flat, the layout of Af) | dW (flat)]``. One float workspace
@@ -873,6 +883,10 @@ def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, 
     a handful of arrays and index them flat (no views in the loops: every view or array argument costs
     an atomic reference-count update). The walk visits the nodes of depth ``< T-1``; the leaves of a
     node of depth ``T-2`` run together (:func:`_leaf_group`, workspace ``Q``).
+
+    ``canon``: the orbit reduction (DESIGN §21) -- only the canonical sequences (first occurrences in the
+    order ``0, 1, …``: token ``s_t ≤ max(s_0 … s_{t-1}) + 1``, a sub-trie), each leaf's weights times its
+    orbit size ``orbit[m]`` (``m`` distinct tokens); a block whose fixed tokens are not canonical is empty.
     """
     T, S, dw = np.int64(z.T), np.int64(z.S), np.int64(z.dw)  # signed: the walk's few accesses
     K = pk0.shape[0]
@@ -890,6 +904,11 @@ def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, 
     for t in range(n_fixed - 1, -1, -1):
         s[t] = rem % S
         rem //= S
+    mx = np.full(T + 1, -1, dtype=np.int64)  # mx[t] = max(s_0 … s_{t-1}) (-1 for t = 0)
+    for t in range(n_fixed):
+        if canon and s[t] > mx[t] + 1:
+            return 0.0
+        mx[t + 1] = max(mx[t], s[t])
     for t in range(T):  # x̃_t: the position one-hot is fixed; the token one-hot moves with the walk
         F[oH + t * dw + S + t] = 1.0
     n_inner_fixed = min(n_fixed, T - 1)  # fixed nodes above the leaves
@@ -901,13 +920,16 @@ def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, 
     loss = 0.0
     if n_fixed >= T - 1:  # the block is (part of) one parent's leaves
         _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, Wl, coef)
-        q_lo, q_hi = (s[T - 1], s[T - 1] + 1) if n_fixed == T else (0, S)
+        if canon:
+            _orbit_weights(mx[T - 1], S, orbit, Wl)
+        q_lo, q_hi = (s[T - 1], s[T - 1] + 1) if n_fixed == T else (0, min(S, mx[T - 1] + 2) if canon else S)
         loss = _leaf_group(q_lo, q_hi, z, s, hinfo, prm, F, gr, Wl, Q, qs, eps, softmax_readout, want_grad)
     else:
         t = n_fixed
         s[t] = 0
         while True:
             F[oH + t * dw + s[t]] = 1.0
+            mx[t + 1] = max(mx[t], s[t])
             if _enter_weights(t, s, S, npar, par, roff, ftabT, pk):
                 _node_forward(t, z, s, hinfo, prm, F)
                 if t < T - 2:
@@ -916,7 +938,11 @@ def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, 
                     continue
                 # a parent of leaves: its leaves together, then its own row (after all its children)
                 _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, Wl, coef)
-                loss += _leaf_group(0, S, z, s, hinfo, prm, F, gr, Wl, Q, qs, eps, softmax_readout, want_grad)
+                q_hi = S
+                if canon:
+                    _orbit_weights(mx[T - 1], S, orbit, Wl)
+                    q_hi = min(S, mx[T - 1] + 2)
+                loss += _leaf_group(0, q_hi, z, s, hinfo, prm, F, gr, Wl, Q, qs, eps, softmax_readout, want_grad)
                 if want_grad:
                     _node_backward(t, z, s, hinfo, prm, F, gr)
             # next node: the next sibling, or up (a parent is back-propagated after its last child)
@@ -924,7 +950,7 @@ def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, 
             while True:
                 F[oH + t * dw + s[t]] = 0.0
                 s[t] += 1
-                if s[t] < S:
+                if s[t] < (min(S, mx[t] + 2) if canon else S):
                     break
                 s[t] = 0
                 t -= 1
@@ -942,11 +968,11 @@ def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, 
 
 
 def _run_blocks_body(lo, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT, eps,
-                     softmax_readout, want_grad, loss_out, gr_out):
+                     softmax_readout, want_grad, canon, orbit, loss_out, gr_out):
     """Blocks ``lo … lo + len(loss_out) - 1`` into slots ``0 …`` (``loss_out[b]``, ``gr_out[b] = [dA | dW]``)."""
     for b in prange(loss_out.shape[0]):
         loss_out[b] = _block(lo + b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
-                             eps, softmax_readout, want_grad, gr_out[b])
+                             eps, softmax_readout, want_grad, canon, orbit, gr_out[b])
 
 
 run_blocks, run_blocks_serial = twins(_run_blocks_body)
