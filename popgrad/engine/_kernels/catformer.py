@@ -29,8 +29,10 @@ Walk: block ``b`` fixes positions ``0 … D-1`` to the base-``S`` digits of
 ``b``; below them a depth-first odometer. Entering node ``(t, s_t)``
 multiplies the per-atom weight products ``pk[t] = pk[t-1] · ftab[:, row_t, s_t]``
 (a subtree whose products are all zero contributes nothing and is skipped) and
-computes row ``t`` of layers ``1 … L-1`` and ``hw[t]``; a leaf (``t = T-1``)
-also computes the last layer's row ``T-1``, the readout and the loss. Reverse
+computes row ``t`` of layers ``1 … L-1`` and ``hw[t]``; the ``S`` leaves (``t = T-1``) of a node of
+depth ``T-2`` run together (:func:`_leaf_group`): their rows ``T-1``, then the last layer's row ``T-1``,
+the readout and the loss of all of them, the dense passes over ``Ã`` and ``dÃ`` shared by up to three
+leaves. ``canon`` restricts the walk to the canonical sequences (the orbit reduction, DESIGN §21). Reverse
 mode over the same tree: adjoints ``G[j]`` (of ``H[j]``) and ``Ghw[j]`` of the
 rows ``j`` on the current path accumulate over the subtree; a node
 back-propagates its own row once, after all its children
