@@ -281,12 +281,24 @@ def _reduced(task, model, params, eps, want_grad, opts) -> CatFormerLossAndGrad:
     """The orbit-reduced sum (:mod:`popgrad.engine.catformer_symmetry`): the trie walk over the canonical
     sequences only, each leaf's weights times its orbit size (the same blocks as the full walk, so the
     bits do not depend on the thread count), then ``Sym``."""
-    job = blocks(task, model, params, eps, want_grad, opts)._replace(canon=True, orbit=orbit_sizes(task.S))
+    job = blocks(task, model, params, eps, want_grad, opts)
+    ids = _canonical_blocks(task.S, job.n_fixed)  # the other blocks are empty: run these only (balanced threads)
+    job = job._replace(canon=True, orbit=orbit_sizes(task.S), ids=ids, n_blocks=len(ids),
+                       parallel=use_parallel(len(ids), task.n_sequences, opts))
     res = finish_blocks(job, run_blocks(task, job))
     if not want_grad or not math.isfinite(res.loss):
         return res
     dA, dW = _sym.symmetrize_params(model, res.dA, res.dW)
     return CatFormerLossAndGrad(res.loss, dA, dW)
+
+
+def _canonical_blocks(S, n_fixed) -> np.ndarray:
+    """The blocks (base-``S`` numbers of their fixed tokens) whose fixed tokens are canonical, increasing."""
+    ids = [0]
+    mx = [-1]
+    for _ in range(n_fixed):
+        ids, mx = zip(*[(b * S + c, max(m, c)) for b, m in zip(ids, mx) for c in range(min(S, m + 2))])
+    return np.array(ids, dtype=np.int64)
 
 
 def catformer_rows_loss_and_grad_numpy(seqs, w, model, params, eps=None, chunk=4096) -> CatFormerLossAndGrad:
@@ -342,7 +354,8 @@ class CatFormerJob(NamedTuple):
     the last layer's heads last); ``prm = [Af | AfT | W | WT]`` flat (``AfT`` every head's ``Ãᵀ``);
     ``a_shapes`` the shapes of ``params.A`` (to unflatten the gradient). ``canon``: the blocks walk the
     canonical sequences only, each leaf's weights times ``orbit[m]`` (its orbit size, ``m`` distinct
-    tokens): the orbit-reduced sum of DESIGN §21, before ``Sym``.
+    tokens): the orbit-reduced sum of DESIGN §21, before ``Sym``; ``ids`` the blocks that run (slot ``b`` is
+    block ``ids[b]``; ``None``: all, in order).
     """
 
     n_fixed: int
@@ -359,6 +372,7 @@ class CatFormerJob(NamedTuple):
     parallel: bool
     canon: bool = False
     orbit: np.ndarray = None
+    ids: np.ndarray = None
 
 
 class CatFormerPartials(NamedTuple):
@@ -466,7 +480,8 @@ def run_blocks(task, job, lo=0, hi=None) -> CatFormerPartials:
     gr_s = np.zeros((n, job.n_A + job.w_shape[0] * job.w_shape[1]))
     kernel = _kc.run_blocks if job.parallel and n > 1 else _kc.run_blocks_serial
     orbit = np.ones(job.sizes.S + 1) if job.orbit is None else job.orbit
-    kernel(lo, job.n_fixed, job.sizes, job.hinfo, job.prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
+    ids = np.arange(job.n_blocks, dtype=np.int64) if job.ids is None else job.ids
+    kernel(lo, ids, job.n_fixed, job.sizes, job.hinfo, job.prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
            job.eps, job.softmax_readout, job.want_grad, bool(job.canon), orbit, loss_s, gr_s)
     return CatFormerPartials(loss_s, gr_s if job.want_grad else np.zeros((n, 0)))
 

@@ -969,12 +969,13 @@ def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, 
     return loss
 
 
-def _run_blocks_body(lo, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT, eps,
+def _run_blocks_body(lo, ids, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT, eps,
                      softmax_readout, want_grad, canon, orbit, loss_out, gr_out):
-    """Blocks ``lo … lo + len(loss_out) - 1`` into slots ``0 …`` (``loss_out[b]``, ``gr_out[b] = [dA | dW]``)."""
+    """Blocks ``ids[lo] … ids[lo + len(loss_out) - 1]`` into slots ``0 …`` (``loss_out[b]``, ``gr_out[b] = [dA | dW]``;
+    ``ids`` every block in order, or the canonical ones only)."""
     for b in prange(loss_out.shape[0]):
-        loss_out[b] = _block(lo + b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
-                             eps, softmax_readout, want_grad, canon, orbit, gr_out[b])
+        loss_out[b] = _block(ids[lo + b], n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff,
+                             ttabT, eps, softmax_readout, want_grad, canon, orbit, gr_out[b])
 
 
 run_blocks, run_blocks_serial = twins(_run_blocks_body)
