@@ -31,8 +31,8 @@ nor on how a ``client=`` splits the range.
 :func:`catformer_rows_loss_and_grad` takes the same sum over given rows with given weights (sampled
 batches with soft labels, weight tables): the rows kernel walks the sorted rows as the paths of a trie.
 Along relabeling-equivariant parameters on a relabeling-closed prior, :func:`catformer_loss_and_grad`
-sums one canonical sequence per orbit through the rows kernel and symmetrizes the gradient (DESIGN §21,
-:mod:`popgrad.engine.catformer_symmetry`); ``symmetry="off"`` turns that off.
+walks the canonical sub-trie only (one sequence per orbit, weights times orbit sizes) and symmetrizes the
+gradient (DESIGN §21, :mod:`popgrad.engine.catformer_symmetry`); ``symmetry="off"`` turns that off.
 
 Stable logs: the readout's log-softmax is ``(z_c - max z) - log Σ_c' e^(z_c' - max z)``; the last term
 lies in ``[0, log S]`` and is never added to a large logit, so no loss rounds below its floor.
@@ -54,7 +54,7 @@ from . import table as _table
 from ._args import options_or_default
 from ._kernels import catformer as _kc
 from ._kernels.twins import use_parallel
-from .symmetry import MAX_SYMMETRY_S, exactly_closed, weighted_sequences
+from .symmetry import MAX_SYMMETRY_S, exactly_closed, orbit_sizes
 
 __all__ = ["CatFormerLossAndGrad", "catformer_loss_and_grad", "catformer_loss", "catformer_loss_and_grad_numpy",
            "catformer_rows_loss_and_grad", "catformer_rows_loss_and_grad_numpy"]
@@ -256,21 +256,27 @@ def _rows_partials(job, seqs, w, opts) -> CatFormerPartials:
 
 # ====================================================================== the orbit reduction (DESIGN §21)
 def _reduced(task, model, params, eps, want_grad, opts) -> CatFormerLossAndGrad:
-    """The orbit-reduced sum (:mod:`popgrad.engine.catformer_symmetry`): the canonical sequences with their
-    orbit sizes through the rows kernel (chunks in lexicographic order, added in order), then ``Sym``."""
+    """The orbit-reduced sum (:mod:`popgrad.engine.catformer_symmetry`): the trie walk over the canonical
+    sequences only, each leaf's weights times its orbit size (the same blocks as the full walk, so the
+    bits do not depend on the thread count), then ``Sym``."""
     job = blocks(task, model, params, eps, want_grad, opts)
-    loss = 0.0
-    g = None
-    for seqs, w, mult in weighted_sequences(task, "auto", opts):
-        part = _rows_partials(job, seqs, np.ascontiguousarray(w * mult[:, None]), opts)
-        loss += float(_kc.sum_slots(part.loss, part.gr)) if want_grad else float(_kc.sum_loss(part.loss))
-        if want_grad:
-            g = part.gr[0].copy() if g is None else g + part.gr[0]
-    if not want_grad:
-        return _finish(loss, None, None, False)
-    dA, dW = _unflatten(job, g)
-    dA, dW = _sym.symmetrize_params(model, dA, dW)
-    return _finish(loss, dA, dW, True)
+    ids = _canonical_blocks(task.S, job.n_fixed)  # the other blocks are empty: run these only (balanced threads)
+    job = job._replace(canon=True, orbit=orbit_sizes(task.S), ids=ids, n_blocks=len(ids),
+                       parallel=use_parallel(len(ids), task.n_sequences, opts))
+    res = finish_blocks(job, run_blocks(task, job))
+    if not want_grad or not math.isfinite(res.loss):
+        return res
+    dA, dW = _sym.symmetrize_params(model, res.dA, res.dW)
+    return CatFormerLossAndGrad(res.loss, dA, dW)
+
+
+def _canonical_blocks(S, n_fixed) -> np.ndarray:
+    """The blocks (base-``S`` numbers of their fixed tokens) whose fixed tokens are canonical, increasing."""
+    ids = [0]
+    mx = [-1]
+    for _ in range(n_fixed):
+        ids, mx = zip(*[(b * S + c, max(m, c)) for b, m in zip(ids, mx) for c in range(min(S, m + 2))])
+    return np.array(ids, dtype=np.int64)
 
 
 def catformer_rows_loss_and_grad_numpy(seqs, w, model, params, eps=None, chunk=4096) -> CatFormerLossAndGrad:
@@ -324,7 +330,10 @@ class CatFormerJob(NamedTuple):
     ``sizes`` is a :class:`popgrad.engine._kernels.catformer.Sizes` (the kernels' named sizes);
     ``hinfo[g] = (layer, d_in, out offset, offset in Af)`` for the heads in global order (layer by layer;
     the last layer's heads last); ``prm = [Af | AfT | W | WT]`` flat (``AfT`` every head's ``Ãᵀ``);
-    ``a_shapes`` the shapes of ``params.A`` (to unflatten the gradient).
+    ``a_shapes`` the shapes of ``params.A`` (to unflatten the gradient). ``canon``: the blocks walk the
+    canonical sequences only, each leaf's weights times ``orbit[m]`` (its orbit size, ``m`` distinct
+    tokens): the orbit-reduced sum of DESIGN §21, before ``Sym``; ``ids`` the blocks that run (slot ``b`` is
+    block ``ids[b]``; ``None``: all, in order).
     """
 
     n_fixed: int
@@ -339,6 +348,9 @@ class CatFormerJob(NamedTuple):
     softmax_readout: bool
     want_grad: bool
     parallel: bool
+    canon: bool = False
+    orbit: np.ndarray = None
+    ids: np.ndarray = None
 
 
 class CatFormerPartials(NamedTuple):
@@ -445,8 +457,10 @@ def run_blocks(task, job, lo=0, hi=None) -> CatFormerPartials:
     loss_s = np.zeros(n)
     gr_s = np.zeros((n, job.n_A + job.w_shape[0] * job.w_shape[1]))
     kernel = _kc.run_blocks if job.parallel and n > 1 else _kc.run_blocks_serial
-    kernel(lo, job.n_fixed, job.sizes, job.hinfo, job.prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
-           job.eps, job.softmax_readout, job.want_grad, loss_s, gr_s)
+    orbit = np.ones(job.sizes.S + 1) if job.orbit is None else job.orbit
+    ids = np.arange(job.n_blocks, dtype=np.int64) if job.ids is None else job.ids
+    kernel(lo, ids, job.n_fixed, job.sizes, job.hinfo, job.prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
+           job.eps, job.softmax_readout, job.want_grad, bool(job.canon), orbit, loss_s, gr_s)
     return CatFormerPartials(loss_s, gr_s if job.want_grad else np.zeros((n, 0)))
 
 
