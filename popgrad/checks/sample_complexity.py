@@ -586,3 +586,12 @@ def sgd_spread(task: Task, trajectory, batch_size: int, fd_step: float = 1e-5) -
         Sig = F @ Sig @ F.T + noise
         Sig_rw = Sig_rw + noise
     return SgdSpread(np.arange(n), out["rms_A1"], out["rms_A2"], out["rw1"], out["rw2"], out["sd"], out["bias"], B)
+
+
+# The theorem's event (graph recovery after a sampled Stage 1) lives in its own module (size); re-exported here.
+from .sampled_stage1 import (RECOVERY_EVENTS, SAMPLED_MODES, Stage1Outcome, fit_n_min_laws,  # noqa: E402
+                             population_stage1_recovery, probit_level, recovery_n_min, recovery_rate,
+                             sampled_stage1_recovery)
+
+__all__ += ["RECOVERY_EVENTS", "SAMPLED_MODES", "Stage1Outcome", "sampled_stage1_recovery",
+            "population_stage1_recovery", "recovery_rate", "recovery_n_min", "probit_level", "fit_n_min_laws"]
