@@ -32,11 +32,13 @@ itself fails the event, no ``N`` reaches it and :func:`recovery_n_min` says so.
 
 :func:`recovery_n_min` estimates the smallest ``N`` at which the event's
 frequency over seeds reaches ``level``: a doubling search from ``n_start``
-until the frequency over ``seeds`` seeds is ``≥ level``, a geometric refinement
-of the last octave, then (i) the grid answer (the smallest evaluated ``N``
-with frequency ``≥ level``, Wilson 95 % intervals) and (ii) a probit fit
-``P(event | N) = Φ(a + b log N)`` to every seeded outcome (maximum
-likelihood), whose ``N_level = exp((Φ⁻¹(level) - a)/b)`` carries a
+until the frequency over ``seeds`` seeds is ``≥ level`` at two successive
+doublings, a geometric refinement of the last octave, then (i) the grid
+answer (the smallest evaluated ``N`` from which on every evaluated frequency
+is ``≥ level``, Wilson 95 % intervals) and (ii) a probit fit
+``P(event | N) = Φ(a + b log N)`` to the seeded outcomes within a factor
+``fit_window`` of that crossing (maximum likelihood; a frequency curve can
+have a plateau or a long tail far from it), whose ``N_level = exp((Φ⁻¹(level) - a)/b)`` carries a
 delta-method standard error from the Fisher information. Different ``N``
 use different samples (seed entropy ``(seed, N)``), so the outcomes are
 independent Bernoulli trials. When the outcomes separate perfectly (no ``N``
@@ -305,7 +307,8 @@ def probit_level(N, k, n, level: float) -> dict:
 
 def recovery_n_min(task: Task, level: float = 0.9, seeds: int = 20, *, event: str = "recovered",
                    mode: str = "fixed", seed0: int = 0, n_start: int = 1, n_max: int = 2**15, refine: int = 4,
-                   population=None, population_gradient: str = "auto", beta0: float = TrainConfig.beta0,
+                   fit_window: float = 4.0, population=None, population_gradient: str = "auto",
+                   beta0: float = TrainConfig.beta0,
                    lr1: float = TrainConfig.lr1, steps1: int = TrainConfig.steps1, C: float = 1.0,
                    eps=None) -> dict:
     """The smallest ``N`` at which a sampled Stage 1 reaches ``event`` with frequency ``≥ level`` (module docstring).
@@ -326,6 +329,9 @@ def recovery_n_min(task: Task, level: float = 0.9, seeds: int = 20, *, event: st
     refine : int
         The last octave ``[N/2, N]`` is split into ``refine`` geometric steps (and ``N·2^(1/refine)``
         is evaluated as well).
+    fit_window : float
+        The probit is fitted to the evaluated ``N`` within this factor of the grid ``N_min`` (the
+        crossing; a frequency curve can have a plateau or a long tail far from it).
     population : Stage1Outcome, optional
         The ``N = ∞`` reference (default: :func:`population_stage1_recovery` with ``population_gradient``).
     beta0, lr1, steps1, C, eps
@@ -334,9 +340,11 @@ def recovery_n_min(task: Task, level: float = 0.9, seeds: int = 20, *, event: st
     Returns
     -------
     dict
-        ``N_min`` (grid: smallest evaluated ``N`` with frequency ``≥ level``, or ``inf``), its Wilson
+        ``N_min`` (grid: the smallest evaluated ``N`` from which on *every* evaluated frequency is
+        ``≥ level``, or ``inf``), its Wilson
         interval ``ci95_at_N_min``, ``N_below`` / ``rate_below`` (the largest evaluated ``N`` below it),
-        ``fit`` (:func:`probit_level` on every outcome of ``event``) and ``fit_other`` (the other event),
+        ``fit`` (:func:`probit_level` on the outcomes of ``event`` within ``fit_window`` of ``N_min``) and
+        ``fit_other`` (the other event around its own crossing; ``None`` when the population fails it),
         ``curve`` (per ``N``: counts of both events), ``population`` (its verdict and minimum attention),
         ``reason`` (why there is no ``N_min``, else ``""``), the settings, ``runs`` and ``cpu_seconds``.
     """
@@ -351,6 +359,7 @@ def recovery_n_min(task: Task, level: float = 0.9, seeds: int = 20, *, event: st
     n_start = as_int(n_start, "n_start", minimum=1)
     n_max = as_int(n_max, "n_max", minimum=n_start)
     refine = as_int(refine, "refine", minimum=1)
+    fit_window = as_real(fit_window, "fit_window", minimum=1)
     stage = dict(beta0=beta0, lr1=lr1, steps1=steps1, C=C, eps=eps)
     cpu0 = time.process_time()
     if population is None:
@@ -377,10 +386,12 @@ def recovery_n_min(task: Task, level: float = 0.9, seeds: int = 20, *, event: st
         return curve[N][event] / seeds
 
     N = n_start
-    while run(N) < level:
-        if N >= n_max:
+    while True:  # double until a hit, and a hit that the next doubling confirms
+        while run(N) < level and N < n_max:
+            N = min(2 * N, n_max)
+        if run(N) < level or 2 * N > n_max or run(2 * N) >= level:
             break
-        N = min(2 * N, n_max)
+        N = 2 * N
     if run(N) >= level:
         lo = max(n_start, N // 2)
         grid = {int(round(lo * (N / lo) ** (j / refine))) for j in range(1, refine)}
@@ -392,21 +403,30 @@ def recovery_n_min(task: Task, level: float = 0.9, seeds: int = 20, *, event: st
     out["curve"] = [{"N": m, "n": r["n"], "recovered": r["recovered"], "parent_first": r["parent_first"],
                      "ci95": r["ci95"], "min_attention_median": float(np.median(r["min_attention"]))}
                     for m, r in zip(Ns, rows)]
-    hits = [m for m in Ns if curve[m][event] / seeds >= level]
-    if hits:
-        m = hits[0]
+    ok = [curve[m][event] / seeds >= level for m in Ns]
+    first = next((j for j in range(len(Ns)) if all(ok[j:])), None)
+    if first is not None:
+        m = Ns[first]
         out["N_min"] = m
         out["ci95_at_N_min"] = curve[m]["ci95"][event]
-        below = [b for b in Ns if b < m]
-        if below:
-            out["N_below"] = below[-1]
-            out["rate_below"] = curve[below[-1]][event] / seeds
+        if first > 0:
+            out["N_below"] = Ns[first - 1]
+            out["rate_below"] = curve[Ns[first - 1]][event] / seeds
     else:
         out["reason"] = f"no N <= n_max = {n_max} reached frequency {level} of {event!r}"
-    n_arr = [seeds] * len(Ns)
     for key, ev in (("fit", event), ("fit_other", other)):
+        centre = out["N_min"] if ev == event else None
+        if ev == other and not population.event(other):
+            continue
+        if centre is None or not math.isfinite(centre):  # the other event: its own crossing on the same grid
+            okv = [curve[m][ev] / seeds >= level for m in Ns]
+            j = next((j for j in range(len(Ns)) if all(okv[j:])), None)
+            centre = Ns[j] if j is not None else None
+        if centre is None:
+            continue
+        win = [m for m in Ns if centre / fit_window <= m <= centre * fit_window]
         try:
-            out[key] = probit_level(Ns, [curve[m][ev] for m in Ns], n_arr, level)
+            out[key] = probit_level(win, [curve[m][ev] for m in win], [seeds] * len(win), level)
         except ValueError:
             out[key] = None
     out["runs"] = seeds * len(Ns)
