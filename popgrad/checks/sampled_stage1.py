@@ -66,7 +66,7 @@ from ..train.algorithm1 import train_two_stage
 from ..train.config import TrainConfig
 from .recovery import check_graph_recovery
 
-__all__ = ["SAMPLED_MODES", "RECOVERY_EVENTS", "Stage1Outcome", "sampled_stage1_recovery",
+__all__ = ["wilson_interval", "SAMPLED_MODES", "RECOVERY_EVENTS", "Stage1Outcome", "sampled_stage1_recovery",
            "population_stage1_recovery", "recovery_rate", "recovery_n_min", "probit_level", "fit_n_min_laws"]
 
 #: How a sampled Stage 1 draws its data (module docstring).
@@ -119,6 +119,17 @@ class Stage1Outcome(NamedTuple):
         if name not in RECOVERY_EVENTS:
             raise ValueError(f"event must be one of {RECOVERY_EVENTS}, got {name!r}")
         return bool(getattr(self, name))
+
+
+def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple:
+    """Wilson score interval of a binomial proportion ``k / n`` (95 % for ``z = 1.96``)."""
+    if n <= 0:
+        return (float("nan"), float("nan"))
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (max(0.0, mid - half), min(1.0, mid + half))
 
 
 def _settings(task, beta0, lr1, steps1, C, eps):
@@ -226,8 +237,6 @@ def recovery_rate(task: Task, N: int, seeds: int = 20, *, seed0: int = 0, **kw) 
     :func:`sampled_stage1_recovery`. Returns ``{"N", "n", "recovered", "parent_first"`` (success
     counts), ``"ci95"`` (Wilson, per event), ``"min_attention"`` (per run), ``"kind": "sampled"}``.
     """
-    from .sample_complexity import wilson_interval
-
     N = as_int(N, "N", minimum=1)
     seeds = as_int(seeds, "seeds", minimum=1)
     seed0 = as_int(seed0, "seed0", minimum=0)
