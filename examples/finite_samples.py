@@ -234,6 +234,8 @@ def fraction_section(quick, lines):
     return lines
 
 
+#: Section 4's families of cases (``--cases``).
+RECOVERY_FAMILIES = ("s2-fixed", "s2-fresh", "s3-fixed", "s3-fresh")
 #: Section 4's level and the Stage-1 settings it runs (the trainer's defaults: the paper's length as popgrad runs it).
 RECOVERY_LEVEL = 0.9
 STAGE1 = dict(beta0=1e-3, lr1=2.0, steps1=300)
@@ -254,20 +256,15 @@ def _fit_cell(f):
 def recovery_section(quick, lines):
     """Section 4: the finite-sample theorem's event (graph recovery after a sampled Stage 1)."""
     S3 = mixed_prior()
-    if quick:
-        cases = [("S=2 pair", PAIR, "chain", pg.chain, [6, 8, 10], "fixed", "recovered", 10),
-                 ("S=2 pair", PAIR, "chain", pg.chain, [6, 8], "fresh", "recovered", 10),
-                 ("S=3 Dirichlet+uniform", S3, "random tree", GRAPHS["random tree"], [5, 6], "fixed", "parent_first", 10),
-                 ("S=3 Dirichlet+uniform", S3, "random tree", GRAPHS["random tree"], [5, 6], "fresh", "recovered", 10)]
-    else:
-        cases = [("S=2 pair", PAIR, "chain", pg.chain, [6, 8, 10, 12, 14, 16, 18, 20, 24, 32, 48], "fixed",
-                  "recovered", 40),
-                 ("S=2 pair", PAIR, "chain", pg.chain, [6, 8, 10, 12, 14, 16, 18, 20], "fresh", "recovered", 20),
-                 ("S=3 Dirichlet+uniform", S3, "random tree", GRAPHS["random tree"], [5, 6, 7, 8, 9, 10, 11, 12],
-                  "fixed", "parent_first", 20),
-                 ("S=3 Dirichlet+uniform", S3, "random tree", GRAPHS["random tree"], [8], "fixed", "recovered", 20),
-                 ("S=3 Dirichlet+uniform", S3, "random tree", GRAPHS["random tree"], [5, 6, 7, 8, 9, 10, 11, 12],
-                  "fresh", "recovered", 20)]
+    Ts2 = [6, 8, 10] if quick else [6, 8, 10, 12, 14, 16, 18, 20, 24, 32]
+    Ts3 = [5, 6] if quick else [5, 6, 7, 8, 9, 10, 11, 12]
+    seeds2, seeds = (10, 10) if quick else (40, 20)
+    tree = GRAPHS["random tree"]
+    families = {"s2-fixed": [("S=2 pair", PAIR, "chain", pg.chain, Ts2, "fixed", "recovered", seeds2)],
+                "s2-fresh": [("S=2 pair", PAIR, "chain", pg.chain, Ts2[:8], "fresh", "recovered", seeds)],
+                "s3-fixed": [("S=3 Dirichlet+uniform", S3, "random tree", tree, Ts3, "fixed", "parent_first", seeds)],
+                "s3-fresh": [("S=3 Dirichlet+uniform", S3, "random tree", tree, Ts3, "fresh", "recovered", seeds)]}
+    cases = [c for name in ARGS.cases.split(",") for c in families[name]]
     lines += ["", f"## 4. The theorem's event: graph recovery after a sampled Stage 1 (level {RECOVERY_LEVEL})", "",
               f"Stage 1 as `train_two_stage` runs it (the paper's Algorithm 1 at popgrad's defaults): β0 = "
               f"{STAGE1['beta0']:g}, lr1 = {STAGE1['lr1']:g}, {STAGE1['steps1']} steps, η1 = lr1·S·T/β0, A2 = β0·I "
@@ -298,7 +295,7 @@ def recovery_section(quick, lines):
             if task.S ** task.T <= 2**20:
                 model = ranking_model(task, STAGE1["beta0"])
                 rank = str(model.n_min(RECOVERY_LEVEL))
-            if mode == "fresh" and not quick and event == "recovered" and task.S == 2:
+            if mode == "fresh" and task.S == 2:
                 # fresh batches on the S = 2 chain: N = 1 already recovers; one N is the whole answer
                 r = recovery_n_min(task, RECOVERY_LEVEL, seeds, event=event, mode=mode, n_max=1, population=pop,
                                    **STAGE1)
@@ -368,6 +365,8 @@ def recovery_section(quick, lines):
 def main():
     global ARGS
     p = parser(__doc__, "examples_out/finite_samples", quick_help="small sweeps (smoke test)")
+    p.add_argument("--cases", default=",".join(RECOVERY_FAMILIES),
+                   help=f"section 4's families, a comma-separated subset of {','.join(RECOVERY_FAMILIES)}")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
     ARGS = p.parse_args()
@@ -375,10 +374,14 @@ def main():
     bad = [x for x in chosen if x not in SECTIONS]
     if bad or not chosen:
         p.error(f"--sections: unknown section(s) {', '.join(bad) or '(none given)'}; choose from {','.join(SECTIONS)}")
+    bad = [x for x in ARGS.cases.split(",") if x not in RECOVERY_FAMILIES]
+    if bad:
+        p.error(f"--cases: unknown famil(ies) {', '.join(bad)}; choose from {','.join(RECOVERY_FAMILIES)}")
     ensure_out(ARGS.out)
     t0 = time.perf_counter()
     lines = ["# Finite samples, exactly (examples/finite_samples.py" + (" --quick" if ARGS.quick else "") +
-             ("" if len(chosen) == len(SECTIONS) else f" --sections {','.join(chosen)}") + ")", ""]
+             ("" if len(chosen) == len(SECTIONS) else f" --sections {','.join(chosen)}") +
+             ("" if ARGS.cases == ",".join(RECOVERY_FAMILIES) else f" --cases {ARGS.cases}") + ")", ""]
     for name in chosen:
         fn, fname = SECTIONS[name]
         n0 = len(lines)
