@@ -235,7 +235,7 @@ def fraction_section(quick, lines):
 
 
 #: Section 4's families of cases (``--cases``).
-RECOVERY_FAMILIES = ("s2-fixed", "s2-fresh", "s3-fixed", "s3-fresh")
+RECOVERY_FAMILIES = ("s2-fixed", "s2-fresh", "s3-fixed", "s3-fresh", "s2-fixed-long")
 #: Section 4's level and the Stage-1 settings it runs (the trainer's defaults: the paper's length as popgrad runs it).
 RECOVERY_LEVEL = 0.9
 STAGE1 = dict(beta0=1e-3, lr1=2.0, steps1=300)
@@ -263,7 +263,10 @@ def recovery_section(quick, lines):
     families = {"s2-fixed": [("S=2 pair", PAIR, "chain", pg.chain, Ts2, "fixed", "recovered", seeds2)],
                 "s2-fresh": [("S=2 pair", PAIR, "chain", pg.chain, Ts2[:8], "fresh", "recovered", seeds)],
                 "s3-fixed": [("S=3 Dirichlet+uniform", S3, "random tree", tree, Ts3, "fixed", "parent_first", seeds)],
-                "s3-fresh": [("S=3 Dirichlet+uniform", S3, "random tree", tree, Ts3, "fresh", "recovered", seeds)]}
+                "s3-fresh": [("S=3 Dirichlet+uniform", S3, "random tree", tree, Ts3, "fresh", "recovered", seeds)],
+                # the same event with a longer Stage 1 (the population's attention rises, the slack over 1 - 1/T too)
+                "s2-fixed-long": [("S=2 pair", PAIR, "chain", pg.chain, [8, 12] if quick else [12, 20, 24], "fixed",
+                                   "recovered", seeds, 1000)]}
     cases = [c for name in ARGS.cases.split(",") for c in families[name]]
     lines += ["", f"## 4. The theorem's event: graph recovery after a sampled Stage 1 (level {RECOVERY_LEVEL})", "",
               f"Stage 1 as `train_two_stage` runs it (the paper's Algorithm 1 at popgrad's defaults): β0 = "
@@ -285,12 +288,14 @@ def recovery_section(quick, lines):
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fams = []
     t0 = time.perf_counter()
-    for pname, prior, gname, build, Ts, mode, event, seeds in cases:
-        fam = {"name": f"{pname}, {gname}, {mode}, {event.replace('_', ' ')}", "T": [], "t_eff": [], "N": [],
-               "se": [], "grid": []}
+    for pname, prior, gname, build, Ts, mode, event, seeds, *more in cases:
+        stage1 = dict(STAGE1, steps1=more[0]) if more else STAGE1
+        fam = {"name": f"{pname}, {gname}, {mode}, {event.replace('_', ' ')}"
+                       + (f", {stage1['steps1']} steps" if more else ""), "T": [], "t_eff": [], "N": [], "se": [],
+               "grid": []}
         for T in Ts:
             task = pg.Task(build(T), prior)
-            pop = population_stage1_recovery(task, **STAGE1)
+            pop = population_stage1_recovery(task, **stage1)
             rank = "—"
             if task.S ** task.T <= 2**20:
                 model = ranking_model(task, STAGE1["beta0"])
@@ -298,10 +303,10 @@ def recovery_section(quick, lines):
             if mode == "fresh" and task.S == 2:
                 # fresh batches on the S = 2 chain: N = 1 already recovers; one N is the whole answer
                 r = recovery_n_min(task, RECOVERY_LEVEL, seeds, event=event, mode=mode, n_max=1, population=pop,
-                                   **STAGE1)
+                                   **stage1)
             else:
                 r = recovery_n_min(task, RECOVERY_LEVEL, seeds, event=event, mode=mode, population=pop,
-                                   n_max=2**14, **STAGE1)
+                                   n_max=2**14, **stage1)
             curve = {c["N"]: c for c in r["curve"]}
             nm = r["N_min"]
             if math.isfinite(nm):
@@ -311,7 +316,9 @@ def recovery_section(quick, lines):
                 below = "—" if r["N_below"] is None else f"{r['N_below']}: {r['rate_below']:.2f}"
             else:
                 at, below = r["reason"] or "—", "—"
-            lines.append(f"| {pname} | {gname} | {mode} | {event.replace('_', ' ')} | {seeds} | {T} | {task.t_eff:.2f} | "
+            steps_note = f" ({stage1['steps1']} steps)" if more else ""
+            lines.append(f"| {pname} | {gname} | {mode}{steps_note} | {event.replace('_', ' ')} | {seeds} | {T} | "
+                         f"{task.t_eff:.2f} | "
                          f"{pop.min_attention:.4f} / {pop.threshold:.4f} ({pop.mode}) | {rank} | {_fmt_n(nm)} | {at} | "
                          f"{below} | {_fit_cell(r['fit'])} | {_fit_cell(r['fit_other'])} | {r['runs']} | "
                          f"{r['cpu_seconds']:.1f} |")
