@@ -242,7 +242,9 @@ STAGE1 = dict(beta0=1e-3, lr1=2.0, steps1=300)
 
 
 def _fmt_n(x):
-    return "∞" if not math.isfinite(x) else f"{x:.0f}" if x >= 10 else f"{x:.1f}"
+    if not math.isfinite(x):
+        return "∞"
+    return str(int(x)) if float(x).is_integer() else f"{x:.0f}" if x >= 10 else f"{x:.1f}"
 
 
 def _fit_cell(f):
