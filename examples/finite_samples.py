@@ -270,6 +270,8 @@ def recovery_section(quick, lines):
                 "s2-fixed-long": [("S=2 pair", PAIR, "chain", pg.chain, [8] if quick else [12, 20, 24], "fixed",
                                    "recovered", seeds, 1000)]}
     cases = [c for name in ARGS.cases.split(",") for c in families[name]]
+    if ARGS.recovery_T:  # the same families at other T
+        cases = [(*c[:4], ARGS.recovery_T, *c[5:]) for c in cases]
     lines += ["", f"## 4. The theorem's event: graph recovery after a sampled Stage 1 (level {RECOVERY_LEVEL})", "",
               f"Stage 1 as `train_two_stage` runs it (the paper's Algorithm 1 at popgrad's defaults): β0 = "
               f"{STAGE1['beta0']:g}, lr1 = {STAGE1['lr1']:g}, {STAGE1['steps1']} steps, η1 = lr1·S·T/β0, A2 = β0·I "
@@ -376,6 +378,7 @@ def main():
     p = parser(__doc__, "examples_out/finite_samples", quick_help="small sweeps (smoke test)")
     p.add_argument("--cases", default=",".join(RECOVERY_FAMILIES),
                    help=f"section 4's families, a comma-separated subset of {','.join(RECOVERY_FAMILIES)}")
+    p.add_argument("--recovery-T", default="", help="section 4 at these T instead (comma-separated integers)")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
     ARGS = p.parse_args()
@@ -383,6 +386,12 @@ def main():
     bad = [x for x in chosen if x not in SECTIONS]
     if bad or not chosen:
         p.error(f"--sections: unknown section(s) {', '.join(bad) or '(none given)'}; choose from {','.join(SECTIONS)}")
+    try:
+        ARGS.recovery_T = [int(x) for x in ARGS.recovery_T.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--recovery-T: expected comma-separated integers, got {ARGS.recovery_T!r}")
+    if any(T < 3 for T in ARGS.recovery_T):
+        p.error("--recovery-T: every T must be >= 3")
     bad = [x for x in ARGS.cases.split(",") if x not in RECOVERY_FAMILIES]
     if bad:
         p.error(f"--cases: unknown famil(ies) {', '.join(bad)}; choose from {','.join(RECOVERY_FAMILIES)}")
@@ -390,7 +399,8 @@ def main():
     t0 = time.perf_counter()
     lines = ["# Finite samples, exactly (examples/finite_samples.py" + (" --quick" if ARGS.quick else "") +
              ("" if len(chosen) == len(SECTIONS) else f" --sections {','.join(chosen)}") +
-             ("" if ARGS.cases == ",".join(RECOVERY_FAMILIES) else f" --cases {ARGS.cases}") + ")", ""]
+             ("" if ARGS.cases == ",".join(RECOVERY_FAMILIES) else f" --cases {ARGS.cases}") +
+             (f" --recovery-T {','.join(map(str, ARGS.recovery_T))}" if ARGS.recovery_T else "") + ")", ""]
     for name in chosen:
         fn, fname = SECTIONS[name]
         n0 = len(lines)
