@@ -310,8 +310,13 @@ def probit_level(N, k, n, level: float) -> dict:
     xl = xc + (zl - a_c) / b
     g = np.array([-1.0 / b, -(zl - a_c) / b**2])
     se = float(math.sqrt(max(0.0, g @ cov @ g)))
-    return {"N_level": math.exp(xl), "log_se": se, "ci95": (math.exp(xl - 1.96 * se), math.exp(xl + 1.96 * se)),
+    return {"N_level": _exp(xl), "log_se": se, "ci95": (_exp(xl - 1.96 * se), _exp(xl + 1.96 * se)),
             "a": a_c - b * xc, "b": b, "separated": False, "converged": bool(best.success)}
+
+
+def _exp(x: float) -> float:
+    """``exp(x)``, ``inf`` beyond the float range (a flat frequency curve puts ``N_level`` there)."""
+    return math.exp(x) if x < 709.0 else math.inf
 
 
 def recovery_n_min(task: Task, level: float = 0.9, seeds: int = 20, *, event: str = "recovered",

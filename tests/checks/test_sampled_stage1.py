@@ -103,6 +103,14 @@ def test_probit_recovers_planted_curve():
     assert sep["separated"] and sep["N_level"] == pytest.approx(math.sqrt(8 * 16))
 
 
+def test_probit_flat_curve_does_not_overflow():
+    # a frequency stuck near one half: the slope is tiny, N_level and its interval run off the float range
+    fit = probit_level([1, 2, 4, 8, 16], [5, 5, 5, 5, 5], [10] * 5, 0.99)
+    assert fit["N_level"] == math.inf and fit["ci95"][1] == math.inf
+    slow = probit_level([1, 2, 4, 8, 16], [5, 5, 6, 5, 6], [10] * 5, 0.99)
+    assert slow["N_level"] > 1e6 and slow["log_se"] > 10
+
+
 def test_law_fits_recover_planted_laws():
     te = np.array([6.0, 8, 10, 12, 16, 20, 24, 32])
     se = np.full(te.size, 0.05)
