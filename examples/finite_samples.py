@@ -29,9 +29,21 @@ and labelled as such.
    direction of the population loss (cos(batch gradient, exact gradient) > 0);
    the two priors of 1. and the official α = 0.1 (Dirichlet draws closed under
    relabeling, outside Knowl 10).
+4. **The theorem's event: graph recovery after a sampled Stage 1** of the
+   trainer's length (β0 = 1e-3, lr1 = 2, 300 steps, η1 = lr1·S·T/β0;
+   ``checks.sample_complexity.recovery_n_min``), over seeds, against N and T:
+   on one fixed sample of N sequences (gradient descent on the empirical
+   loss) and on fresh batches of N per step (the official SGD). N_min: the
+   smallest N whose recovery frequency over the seeds is ≥ 0.9 (grid, Wilson
+   intervals) and a probit fit to every seeded outcome (with its standard
+   error); the population reference by enumeration or the Stage-1 field
+   (T beyond enumeration). Fits of N_min(T_eff): a + b log T_eff, c·T_eff^e and
+   the paper's C·T_eff·log T, weighted by the probit errors, with χ²/dof.
 
 Writes ``nmin_table.md``, ``sgd_table.md``, ``stage1_fraction.md``,
-``nmin.png``, ``sgd_distance.png`` into ``--out``. ``--quick``: small sweeps.
+``recovery_table.md``, ``nmin.png``, ``sgd_distance.png``, ``recovery_nmin.png``
+into ``--out``. ``--quick``: small sweeps. ``--sections recovery`` runs only
+section 4 (``--sections nmin,sgd,fraction,recovery`` is the default: all).
 """
 import math
 import os
@@ -46,7 +58,8 @@ import numpy as np
 import popgrad as pg
 from popgrad import checks
 from popgrad.app.plots import save_figure
-from popgrad.checks.sample_complexity import joint_gaussian_probability, ranking_model, sample_complexity_sweep
+from popgrad.checks.sample_complexity import (fit_n_min_laws, joint_gaussian_probability, population_stage1_recovery,
+                                             ranking_model, recovery_n_min, sample_complexity_sweep)
 from popgrad.engine.single import rows_loss_and_grad
 from scipy.special import ndtr
 
@@ -221,26 +234,193 @@ def fraction_section(quick, lines):
     return lines
 
 
+#: Section 4's families of cases (``--cases``).
+RECOVERY_FAMILIES = ("s2-fixed", "s2-fresh", "s3-fixed", "s3-fresh", "s2-fixed-long")
+#: Section 4's level and the Stage-1 settings it runs (the trainer's defaults: the paper's length as popgrad runs it).
+RECOVERY_LEVEL = 0.9
+STAGE1 = dict(beta0=1e-3, lr1=2.0, steps1=300)
+
+
+def _fmt_n(x):
+    if not math.isfinite(x):
+        return "∞"
+    return str(int(x)) if float(x).is_integer() else f"{x:.0f}" if x >= 10 else f"{x:.1f}"
+
+
+def _fit_cell(f):
+    if f is None or not math.isfinite(f["N_level"]):
+        return "—"
+    lo, hi = f["ci95"]
+    tag = " (separated)" if f["separated"] else ""
+    return f"{_fmt_n(f['N_level'])} ± {100 * f['log_se']:.0f} % [{_fmt_n(lo)}, {_fmt_n(hi)}]{tag}"
+
+
+def recovery_section(quick, lines):
+    """Section 4: the finite-sample theorem's event (graph recovery after a sampled Stage 1)."""
+    S3 = mixed_prior()
+    Ts2 = [6, 8, 10] if quick else [6, 8, 10, 12, 14, 16, 18, 20, 24, 32]
+    Ts3 = [5] if quick else [5, 6, 7, 8, 9, 10, 11, 12]
+    seeds2, seeds = (10, 10) if quick else (40, 20)
+    tree = GRAPHS["random tree"]
+    families = {"s2-fixed": [("S=2 pair", PAIR, "chain", pg.chain, Ts2, "fixed", "recovered", seeds2)],
+                "s2-fresh": [("S=2 pair", PAIR, "chain", pg.chain, Ts2[:8], "fresh", "recovered", seeds)],
+                "s3-fixed": [("S=3 Dirichlet+uniform", S3, "random tree", tree, Ts3, "fixed", "parent_first", seeds)],
+                "s3-fresh": [("S=3 Dirichlet+uniform", S3, "random tree", tree, Ts3, "fresh", "recovered", seeds)],
+                # the same event with a longer Stage 1 (the population's attention rises, the slack over 1 - 1/T too)
+                "s2-fixed-long": [("S=2 pair", PAIR, "chain", pg.chain, [8] if quick else [12, 20, 24], "fixed",
+                                   "recovered", seeds, 1000)]}
+    cases = [c for name in ARGS.cases.split(",") for c in families[name]]
+    if ARGS.recovery_T:  # the same families at other T
+        cases = [(*c[:4], ARGS.recovery_T, *c[5:]) for c in cases]
+    lines += ["", f"## 4. The theorem's event: graph recovery after a sampled Stage 1 (level {RECOVERY_LEVEL})", "",
+              f"Stage 1 as `train_two_stage` runs it (the paper's Algorithm 1 at popgrad's defaults): β0 = "
+              f"{STAGE1['beta0']:g}, lr1 = {STAGE1['lr1']:g}, {STAGE1['steps1']} steps, η1 = lr1·S·T/β0, A2 = β0·I "
+              "frozen. *fixed*: gradient descent on the empirical loss of one sample of N sequences (soft labels); "
+              "*fresh*: a fresh batch of N at every step (the official SGD; the run sees 300·N samples). Event "
+              "*recovered*: Knowl 1.1 with C = 1 (softmax(A1)[i, p(i)] ≥ 1 − 1/T and the parent is the argmax, every "
+              "non-root row; `checks.check_graph_recovery`); *parent first*: the argmax part only. Population: the "
+              "same Stage 1 on the exact gradient (enumeration, S^T ≤ 2^14) or the Stage-1 field (beyond). "
+              "N_min (grid): the smallest evaluated N (doubling from 1, then the last octave in steps of 2^(1/4)) "
+              "whose frequency over the seeds is ≥ 0.9, with its Wilson 95 % interval, and the evaluated N below it. "
+              "N_0.9 (probit): P(event | N) = Φ(a + b log N) fitted to every seeded outcome by maximum likelihood; "
+              "± the delta-method standard error of log N_0.9, [95 % interval]. Ranking N_0.9: the old event "
+              "(one gradient at A1 = 0 ranks the parent first in every row; Gaussian limit, rows independent) at "
+              "the same level, where T enumerates.", "",
+              "| prior | graph | mode | event searched | seeds | T | T_eff | population: min attention / 1 − 1/T "
+              "(gradient) | ranking N_0.9 at A1 = 0 | N_min (grid) | freq. at N_min [95 %] | N below: freq. | "
+              "N_0.9 (probit) ± se [95 %] | other event's N_0.9 (probit) | runs | CPU s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    fams = []
+    t0 = time.perf_counter()
+    for pname, prior, gname, build, Ts, mode, event, seeds, *more in cases:
+        stage1 = dict(STAGE1, steps1=more[0]) if more else STAGE1
+        fam = {"name": f"{pname}, {gname}, {mode}, {event.replace('_', ' ')}"
+                       + (f", {stage1['steps1']} steps" if more else ""), "T": [], "t_eff": [], "N": [], "se": [],
+               "grid": []}
+        for T in Ts:
+            task = pg.Task(build(T), prior)
+            pop = population_stage1_recovery(task, **stage1)
+            rank = "—"
+            if task.S ** task.T <= 2**20:
+                model = ranking_model(task, STAGE1["beta0"])
+                rank = str(model.n_min(RECOVERY_LEVEL))
+            if mode == "fresh" and task.S == 2:
+                # fresh batches on the S = 2 chain: N = 1 already recovers; one N is the whole answer
+                r = recovery_n_min(task, RECOVERY_LEVEL, seeds, event=event, mode=mode, n_max=1, population=pop,
+                                   **stage1)
+            else:
+                r = recovery_n_min(task, RECOVERY_LEVEL, seeds, event=event, mode=mode, population=pop,
+                                   n_max=2**14, **stage1)
+            curve = {c["N"]: c for c in r["curve"]}
+            nm = r["N_min"]
+            if math.isfinite(nm):
+                k = curve[nm][event]
+                lo, hi = r["ci95_at_N_min"]
+                at = f"{k}/{seeds} [{lo:.2f}, {hi:.2f}]"
+                below = "—" if r["N_below"] is None else f"{r['N_below']}: {r['rate_below']:.2f}"
+            else:
+                at, below = r["reason"] or "—", "—"
+            steps_note = f" ({stage1['steps1']} steps)" if more else ""
+            lines.append(f"| {pname} | {gname} | {mode}{steps_note} | {event.replace('_', ' ')} | {seeds} | {T} | "
+                         f"{task.t_eff:.2f} | "
+                         f"{pop.min_attention:.4f} / {pop.threshold:.4f} ({pop.mode}) | {rank} | {_fmt_n(nm)} | {at} | "
+                         f"{below} | {_fit_cell(r['fit'])} | {_fit_cell(r['fit_other'])} | {r['runs']} | "
+                         f"{r['cpu_seconds']:.1f} |")
+            print(lines[-1], flush=True)
+            f = r["fit"]
+            if f is not None and math.isfinite(f["N_level"]) and f["log_se"] > 0 and task.t_eff > 1:
+                fam["T"].append(T)
+                fam["t_eff"].append(float(task.t_eff))
+                fam["N"].append(f["N_level"])
+                fam["se"].append(f["log_se"])
+                fam["grid"].append(nm)
+        fams.append(fam)
+    lines += ["", f"Section time: {time.perf_counter() - t0:.0f} s wall (loaded 2-core machine).", "",
+              "Fits of N_0.9 (probit) against T_eff, weighted least squares with the probit standard errors: "
+              "N = a + b log T_eff (weights 1/(N·se)²), log N = log c + e log T_eff and the paper's "
+              "log N = log C + log(T_eff log T) (weights 1/se²). ± are standard errors from the given errors; "
+              "χ²/dof near 1 means the law fits within the seed noise.", "",
+              "| family | T range | points | a ± se | b ± se | χ²/dof (log law) | e ± se | χ²/dof (power law) | C | "
+              "χ²/dof (T_eff log T) | log law − power law at the largest T (in se of that point) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for fam in fams:
+        for cut in ([None, 20] if fam["T"] and max(fam["T"]) > 20 else [None]):
+            idx = [j for j, T in enumerate(fam["T"]) if cut is None or T <= cut]
+            if len(idx) < 3:
+                continue
+            te = np.array([fam["t_eff"][j] for j in idx])
+            N = np.array([fam["N"][j] for j in idx])
+            se = np.array([fam["se"][j] for j in idx])
+            Tv = np.array([fam["T"][j] for j in idx], dtype=float)
+            f = fit_n_min_laws(te, N, se, T=Tv)
+            L, P, C = f["log_law"], f["power_law"], f["paper"]
+            j = int(np.argmax(te))
+            diff = (L["a"] + L["b"] * math.log(te[j])) - P["c"] * te[j] ** P["e"]
+            lines.append(f"| {fam['name']} | {int(Tv.min())}–{int(Tv.max())} | {len(idx)} | {L['a']:.1f} ± {L['se_a']:.1f} | "
+                         f"{L['b']:.1f} ± {L['se_b']:.1f} | {L['chi2'] / L['dof']:.2f} | {P['e']:.3f} ± {P['se_e']:.3f} | "
+                         f"{P['chi2'] / P['dof']:.2f} | {C['C']:.2f} | {C['chi2'] / C['dof']:.2f} | "
+                         f"{diff / (N[j] * se[j]):+.2f} |")
+        if fam["N"]:
+            ax.errorbar(fam["t_eff"], fam["N"], yerr=np.array(fam["N"]) * np.array(fam["se"]), fmt="o-", ms=3,
+                        capsize=2, label=fam["name"])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("T_eff")
+    ax.set_ylabel(f"N_{RECOVERY_LEVEL} (probit)")
+    ax.legend(fontsize=6)
+    save_figure(fig, os.path.join(ARGS.out, "recovery_nmin.png"))
+    return lines
+
+
 def main():
     global ARGS
     p = parser(__doc__, "examples_out/finite_samples", quick_help="small sweeps (smoke test)")
+    p.add_argument("--cases", default=",".join(RECOVERY_FAMILIES),
+                   help=f"section 4's families, a comma-separated subset of {','.join(RECOVERY_FAMILIES)}")
+    p.add_argument("--recovery-T", default="", help="section 4 at these T instead (comma-separated integers)")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"comma-separated subset of {','.join(SECTIONS)} (default: all)")
     ARGS = p.parse_args()
+    chosen = [x.strip() for x in ARGS.sections.split(",") if x.strip()]
+    bad = [x for x in chosen if x not in SECTIONS]
+    if bad or not chosen:
+        p.error(f"--sections: unknown section(s) {', '.join(bad) or '(none given)'}; choose from {','.join(SECTIONS)}")
+    try:
+        ARGS.recovery_T = [int(x) for x in ARGS.recovery_T.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--recovery-T: expected comma-separated integers, got {ARGS.recovery_T!r}")
+    if any(T < 3 for T in ARGS.recovery_T):
+        p.error("--recovery-T: every T must be >= 3")
+    bad = [x for x in ARGS.cases.split(",") if x not in RECOVERY_FAMILIES]
+    if bad:
+        p.error(f"--cases: unknown famil(ies) {', '.join(bad)}; choose from {','.join(RECOVERY_FAMILIES)}")
     ensure_out(ARGS.out)
     t0 = time.perf_counter()
-    lines = ["# Finite samples, exactly (examples/finite_samples.py" + (" --quick" if ARGS.quick else "") + ")", ""]
-    nmin_section(ARGS.quick, lines)
-    with open(os.path.join(ARGS.out, "nmin_table.md"), "w") as fh:
-        fh.write("\n".join(lines) + "\n")
-    n1 = len(lines)
-    sgd_section(ARGS.quick, lines)
-    with open(os.path.join(ARGS.out, "sgd_table.md"), "w") as fh:
-        fh.write("\n".join(lines[n1:]) + "\n")
-    n2 = len(lines)
-    fraction_section(ARGS.quick, lines)
-    with open(os.path.join(ARGS.out, "stage1_fraction.md"), "w") as fh:
-        fh.write("\n".join(lines[n2:]) + "\n")
+    lines = ["# Finite samples, exactly (examples/finite_samples.py" + (" --quick" if ARGS.quick else "") +
+             ("" if len(chosen) == len(SECTIONS) else f" --sections {','.join(chosen)}") +
+             ("" if ARGS.cases == ",".join(RECOVERY_FAMILIES) else f" --cases {ARGS.cases}") +
+             (f" --recovery-T {','.join(map(str, ARGS.recovery_T))}" if ARGS.recovery_T else "") + ")", ""]
+    for name in chosen:
+        fn, fname = SECTIONS[name]
+        n0 = len(lines)
+        fn(ARGS.quick, lines)
+        body = lines[n0:] if n0 > 2 else lines
+        _write_atomic(os.path.join(ARGS.out, fname), "\n".join(body) + "\n")
     print("\n".join(lines))
     print(f"\ntotal {time.perf_counter() - t0:.1f} s; tables and figures in {ARGS.out}")
+
+
+#: The sections, their functions and table files, in order.
+SECTIONS = {"nmin": (nmin_section, "nmin_table.md"), "sgd": (sgd_section, "sgd_table.md"),
+            "fraction": (fraction_section, "stage1_fraction.md"), "recovery": (recovery_section, "recovery_table.md")}
+
+
+def _write_atomic(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@
   limit, simulated), the linear-response spread of SGD around the exact run;
 * :mod:`.linear_response` -- the full model's sampled SGD around its exact run: the linear-response
   prediction of the distance (exact Hessians, the soft-label gradient covariance);
+* :mod:`.sampled_stage1` -- the finite-sample theorem's event: graph recovery after a sampled Stage 1
+  (one fixed sample or fresh batches), its ``N_min`` over seeds and the fits of ``N_min(T_eff)``;
 * :mod:`.catformer` -- checks of a trained full model (population attention, graph recovery, head
   specialization, induction head);
 * :mod:`._kernels` -- numba kernels of the OOD check.
@@ -23,6 +25,7 @@ from .results import (ATTENTION_LIFT, RATE_EXPONENT, STATUSES, CheckResult, Swee
 from .stage2 import Stage2Optimum, converge_stage2, converged_loss_sweep
 from .sampled import check_loss_convergence_sampled, check_ood_sampled
 from .sample_complexity import check_sample_complexity, sample_complexity_sweep, sgd_spread
+from .sampled_stage1 import population_stage1_recovery, recovery_n_min, sampled_stage1_recovery
 from .scale import (
     alignment_rate_sweep,
     check_alignment_rate,
@@ -61,6 +64,7 @@ __all__ = [
     "check_alignment_rate", "alignment_rate_sweep", "check_field_dpi", "check_roots_at_scale", "default_alignment_T",
     "check_loss_convergence_sampled", "check_ood_sampled",
     "check_sample_complexity", "sample_complexity_sweep", "sgd_spread",
+    "sampled_stage1_recovery", "population_stage1_recovery", "recovery_n_min",
     "STATUSES", "RATE_EXPONENT", "ATTENTION_LIFT", "attention_lift",
     "all_passed", "inconclusive", "rate_status", "ood_verdict",
     "GAMMA_MIN", "NEEDS", "Hypothesis", "Hypotheses", "measure_hypotheses", "within_hypotheses",

@@ -54,9 +54,15 @@ from ..task.tasks import Task
 from ..theory.information import has_idealized_gradient
 from .hypotheses import measure_hypotheses, within_hypotheses
 from .results import CheckResult, inconclusive
+# The theorem's event (graph recovery after a sampled Stage 1) lives in its own module (size); re-exported here,
+# with the binomial interval both use.
+from .sampled_stage1 import (RECOVERY_EVENTS, SAMPLED_MODES, Stage1Outcome, fit_n_min_laws, population_stage1_recovery,
+                             probit_level, recovery_n_min, recovery_rate, sampled_stage1_recovery, wilson_interval)
 
 __all__ = ["RankingModel", "ranking_model", "simulate_ranking", "joint_gaussian_probability", "wilson_interval", "check_sample_complexity",
-           "sample_complexity_sweep", "fit_t_log_t", "SgdSpread", "sgd_spread", "SAMPLE_COMPLEXITY_STATEMENT"]
+           "sample_complexity_sweep", "fit_t_log_t", "SgdSpread", "sgd_spread", "SAMPLE_COMPLEXITY_STATEMENT",
+           "RECOVERY_EVENTS", "SAMPLED_MODES", "Stage1Outcome", "sampled_stage1_recovery", "population_stage1_recovery",
+           "recovery_rate", "recovery_n_min", "probit_level", "fit_n_min_laws"]
 
 SAMPLE_COMPLEXITY_STATEMENT = (
     "Finite-sample Stage 1: the N-sample gradient at A1 = 0, A2 = β0·I ranks the parent first in every "
@@ -65,17 +71,6 @@ SAMPLE_COMPLEXITY_STATEMENT = (
 _MVN_REL = 1e-3
 #: Competitors failing alone with probability below this fraction of a row's largest enter by their union bound.
 _DROP_REL = 1e-4
-
-
-def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple:
-    """Wilson score interval of a binomial proportion ``k / n`` (95 % for ``z = 1.96``)."""
-    if n <= 0:
-        return (float("nan"), float("nan"))
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, mid - half), min(1.0, mid + half))
 
 
 class RankingModel:
