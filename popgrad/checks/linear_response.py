@@ -51,7 +51,7 @@ import numpy as np
 from .._validation import ArgumentTypeError, as_int, as_real
 from ..engine.catformer import catformer_loss_and_grad
 from ..engine.hvp import catformer_hessian_dense, flatten_params
-from ..model.catformer import CatFormer, CatFormerParams, catformer_forward, check_task_model
+from ..model.catformer import CatFormer, CatFormerParams, backward_from_logits, catformer_forward, check_task_model
 from ..task.dirichlet import DirichletPrior, edge_counts_single, stationary_expectations
 from ..task.tasks import Task
 from ..train.catformer import CatFormerTrajectory
@@ -165,30 +165,12 @@ def logit_jacobian(model: CatFormer, params: CatFormerParams, seqs) -> np.ndarra
     seqs = np.asarray(seqs, dtype=np.int64)
     f, z, h, probs = catformer_forward(model, params, seqs)
     n, S = z.shape
-    dims = model.dims
     out = []
     for c in range(S):
         dz = np.zeros((n, S))
         dz[:, c] = 1.0
-        dW = h[:, -1, :, None] * dz[:, None, :]  # (n, d_L, S)
-        dh = np.zeros_like(h)
-        dh[:, -1, :] = dz @ params.W.T
-        dA = [None] * len(params.A)
-        for l in range(len(params.A) - 1, -1, -1):
-            A, Ps, d = params.A[l], probs[l], dims[l]
-            hin = h[:, :, :d]
-            g = dh[:, :, :d].copy()
-            dAl = np.zeros((n,) + A.shape)
-            for k in range(A.shape[0]):
-                P = Ps[:, k]
-                go = dh[:, :, d * (1 + k): d * (2 + k)]
-                dP = go @ hin.transpose(0, 2, 1)
-                g += P.transpose(0, 2, 1) @ go
-                dZ = P * (dP - np.sum(P * dP, axis=2, keepdims=True))
-                dAl[:, k] = np.einsum("nia,nij,njb->nab", hin, dZ, hin)
-                g += dZ @ hin @ A[k].T + dZ.transpose(0, 2, 1) @ hin @ A[k]
-            dA[l] = dAl.reshape(n, -1)
-            dh = np.concatenate([g, np.zeros((n, h.shape[1], h.shape[2] - d))], axis=2)
+        dA, dW = backward_from_logits(model, params, h, probs, dz, per_row=True)
+        dA = [x.reshape(n, -1) for x in dA]
         out.append(np.concatenate(dA + [dW.reshape(n, -1)], axis=1))
     return np.stack(out, axis=1)
 

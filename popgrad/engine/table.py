@@ -82,6 +82,14 @@ def prepare_table(task) -> bool:
     return use_table(task, per_atom=True)
 
 
+def _remember(cache, key, value, keep: int = 2) -> None:
+    """Keep ``value`` under ``key`` in a least-recently-added ``cache`` of at most ``keep`` entries."""
+    with _LOCK:
+        cache[key] = value
+        while len(cache) > keep:
+            cache.popitem(last=False)
+
+
 def all_sequences(S: int, T: int) -> np.ndarray:
     """Every sequence of ``[S]^T`` in enumeration order, ``(S**T, T)`` int64, read-only (kept for 2 sizes)."""
     key = (S, T)
@@ -89,10 +97,7 @@ def all_sequences(S: int, T: int) -> np.ndarray:
     if seqs is None:
         seqs = decode_sequences(0, S**T, S, T)
         seqs.setflags(write=False)
-        with _LOCK:
-            _SEQS[key] = seqs
-            while len(_SEQS) > 2:
-                _SEQS.popitem(last=False)
+        _remember(_SEQS, key, seqs)
     return seqs
 
 
@@ -138,10 +143,7 @@ def second_moment_table(task) -> np.ndarray:
         hi = min(n, lo + step)
         y2[lo:hi] = _second_moment_rows(task, lo, hi)
     y2.setflags(write=False)
-    with _LOCK:
-        _Y2[key] = y2
-        while len(_Y2) > 2:
-            _Y2.popitem(last=False)
+    _remember(_Y2, key, y2)
     return y2
 
 

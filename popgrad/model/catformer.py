@@ -37,7 +37,7 @@ from .reduced import softmax
 
 __all__ = [
     "READOUTS", "CatFormer", "CatFormerParams", "StandardTransformer", "to_disentangled", "to_standard",
-    "catformer_from_reduced", "catformer_forward", "catformer_backward", "check_task_model",
+    "catformer_from_reduced", "catformer_forward", "catformer_backward", "backward_from_logits", "check_task_model",
 ]
 
 #: The readouts of :class:`CatFormer`: ``"softmax"`` (official code) and ``"linear"`` (theory, loss with ε).
@@ -347,7 +347,18 @@ def catformer_backward(model, params, seqs, w, eps):
             loss = -float(np.sum(w[pos] * np.log(fe[pos])))
             r = np.where(pos, -w / np.where(pos, fe, 1.0), 0.0)  # dL/df
             dz = f * (r - np.sum(f * r, axis=1, keepdims=True)) if model.readout == "softmax" else r
-    dW = h[:, -1, :].T @ dz
+    dA, dW = backward_from_logits(model, params, h, probs, dz)
+    return loss, dA, dW
+
+
+def backward_from_logits(model, params, h, probs, dz, per_row: bool = False):
+    """``(dA list, dW)`` from the adjoint ``dz`` (n, S) of the logits, given the forward pass's ``h`` and
+    ``probs`` (:func:`catformer_forward`): summed over the batch, or per row (``per_row``: ``dA[ℓ]`` is
+    ``(n, m_ℓ, d, d)`` and ``dW`` is ``(n, d_L, S)``; the per-sequence Jacobians of
+    :func:`popgrad.checks.linear_response.logit_jacobian`). The reverse mode of :func:`catformer_backward`.
+    """
+    n = h.shape[0]
+    dW = h[:, -1, :, None] * dz[:, None, :] if per_row else h[:, -1, :].T @ dz
     dh = np.zeros_like(h)
     dh[:, -1, :] = dz @ params.W.T
     dims = model.dims
@@ -356,18 +367,21 @@ def catformer_backward(model, params, seqs, w, eps):
         A, Ps, d = params.A[l], probs[l], dims[l]
         hin = h[:, :, :d]
         g = dh[:, :, :d].copy()
-        dAl = np.zeros_like(A)
+        dAl = np.zeros(((n,) if per_row else ()) + A.shape)
         for k in range(A.shape[0]):
             P = Ps[:, k]
             go = dh[:, :, d * (1 + k): d * (2 + k)]
             dP = go @ hin.transpose(0, 2, 1)
             g += P.transpose(0, 2, 1) @ go
             dZ = P * (dP - np.sum(P * dP, axis=2, keepdims=True))
-            dAl[k] = np.einsum("nia,nij,njb->ab", hin, dZ, hin)
+            if per_row:
+                dAl[:, k] = np.einsum("nia,nij,njb->nab", hin, dZ, hin)
+            else:
+                dAl[k] = np.einsum("nia,nij,njb->ab", hin, dZ, hin)
             g += dZ @ hin @ A[k].T + dZ.transpose(0, 2, 1) @ hin @ A[k]
         dA[l] = dAl
-        dh = np.concatenate([g, np.zeros((h.shape[0], h.shape[1], h.shape[2] - d))], axis=2)
-    return loss, dA, dW
+        dh = np.concatenate([g, np.zeros((n, h.shape[1], h.shape[2] - d))], axis=2)
+    return dA, dW
 
 
 # ============================================================ Knowl 7: the standard transformer
