@@ -24,6 +24,7 @@ import numpy as np
 
 from . import catformer as _ec
 from ._kernels import catformer_rows as _kr
+from ._kernels import single as _ks
 from ._kernels.twins import use_parallel
 
 __all__ = ["CatFormerBatchLossAndGrad", "catformer_batch_loss_and_grad"]
@@ -154,7 +155,7 @@ def catformer_batch_loss_and_grad(seqs, w, model, params, eps=None, options=None
     kernel = _kr.run_rows_dense if use_parallel(n_blocks, n, opts) else _kr.run_rows_dense_serial
     kernel(seqs, w, per, job.dims, job.hinfo, job.A, job.AT, job.EA, job.W, job.WT, float(eps),
            model.readout == "softmax", want_grad, row_loss, loss_s, dA_s, dW_s)
-    loss = float(_kr.sum_dense_slots(loss_s, dA_s, dW_s))
+    loss = float(_ks.sum_slots(loss_s, dA_s, dW_s))
     res = _ec._finish(loss, [np.zeros(s) for s in job.a_shapes], np.zeros(job.W.shape), want_grad)
     if not want_grad:
         return CatFormerBatchLossAndGrad(res.loss, None, None, row_loss)

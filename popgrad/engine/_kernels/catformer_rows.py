@@ -334,13 +334,4 @@ def _run_rows_dense_body(seqs, w, per, dims, hinfo, A, AT, EA, W, WT, eps, softm
 run_rows_dense, run_rows_dense_serial = twins(_run_rows_dense_body)
 
 
-@njit(cache=True)
-def sum_dense_slots(loss_out, dA_out, dW_out):
-    """Add the slots in block order into slot 0 (thread-count independent); return the total loss."""
-    loss = loss_out[0]
-    for b in range(1, loss_out.shape[0]):
-        loss += loss_out[b]
-        dA_out[0] += dA_out[b]
-        dW_out[0] += dW_out[b]
-    loss_out[0] = loss
-    return loss
+# the slots are added in block order into slot 0 by single.sum_slots (thread-count independent)
