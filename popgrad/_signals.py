@@ -38,7 +38,7 @@ import time
 from contextlib import contextmanager
 
 __all__ = ["Terminated", "install_import_guard", "is_cli_process", "cli_session", "deferred", "shield_children",
-           "say", "sigint_seen"]
+           "say", "sigint_seen", "ignore_late_signals"]
 
 _CLI_MODULES = ("popgrad.app.cli", "popgrad")
 _STATE = {"guard": False, "session": False, "sigint": False, "sigterm": False, "resend": False}
@@ -185,6 +185,23 @@ def _raise_terminated(signum, frame):
     raise Terminated()
 
 
+def ignore_late_signals() -> None:
+    """The command has finished (or decided its status): SIGINT and SIGTERM are ignored from here to the exit.
+
+    ``SIG_IGN`` is a process-wide disposition, so no thread (numba's, an I/O thread) can take a late signal
+    with the default action, and the interpreter's finalization leaves it in place (it resets only Python
+    handlers); :func:`cli_session` then keeps it. Main thread only (elsewhere a no-op).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (ValueError, OSError):
+            pass
+    _STATE["finished"] = True
+
+
 #: The warning filter the command's children inherit (:func:`cli_session`).
 _TRACKER_FILTER = "ignore:resource_tracker:UserWarning"
 
@@ -220,7 +237,8 @@ def cli_session():
         else:
             os.environ["PYTHONWARNINGS"] = warn
         if old is not None:
-            signal.signal(signal.SIGTERM, old)
+            if not _STATE.get("finished"):  # a finished command keeps ignoring (ignore_late_signals)
+                signal.signal(signal.SIGTERM, old)
             sys.unraisablehook = hook
 
 

@@ -18,6 +18,7 @@ def client():
     cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                            env={"NUMBA_NUM_THREADS": "1"})
     c = Client(cluster)
+    c.wait_for_workers(2, timeout=120)  # both registered before the first test (a loaded machine starts them late)
     yield c
     c.close()
     cluster.close()

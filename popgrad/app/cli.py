@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 
 from .. import __version__
-from .._signals import Terminated, cli_session, is_cli_process, say, sigint_seen
+from .._signals import Terminated, cli_session, ignore_late_signals, is_cli_process, say, sigint_seen
 from .config import ARG_SPECS, check_value, load_config_file, merge, resolve
 from .jobs import EXIT_DIVERGED, run
 from .kinds import KINDS, flags, model_flag
@@ -160,7 +159,15 @@ def main(argv=None) -> int:
     except SystemExit as exc:  # a one-line usage error (2), or --help/--version (0): main returns the status
         return exc.code if isinstance(exc.code, int) else 2
     with cli_session():
-        code = _command(args)
+        try:
+            code = _command(args)
+            if is_cli_process():
+                ignore_late_signals()  # before the session restores the import-time handlers: no window
+        except (KeyboardInterrupt, Terminated) as exc:  # a signal that came between the two lines above
+            if is_cli_process():
+                ignore_late_signals()
+            print(f"popgrad: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}", file=sys.stderr)
+            code = 143 if isinstance(exc, Terminated) else 130
     if code in (130, 143) and is_cli_process():
         # Interrupted: every ``finally`` has run and the one line is printed. End here with the
         # status decided above: the interpreter's own exit path re-raises a SIGINT it has seen
@@ -168,11 +175,12 @@ def main(argv=None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-    if is_cli_process() and hasattr(signal, "pthread_sigmask"):
-        # Done: the interpreter's finalization resets the handlers to the default, where a late SIGTERM
-        # would kill the finished command with -15 and nothing said. Blocked, it is discarded at exit:
-        # the status says what happened.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    if is_cli_process():
+        # Done: the interpreter's finalization resets Python's handlers to the default, where a late SIGTERM
+        # would kill the finished command with -15 and nothing said. Ignored (a process-wide disposition, which
+        # finalization leaves alone; blocking covered this thread only, and numba's or the I/O threads could
+        # take a process-directed signal), it is discarded: the status says what happened.
+        ignore_late_signals()
     return code
 
 

@@ -114,6 +114,9 @@ def chunk_bounds(work, n_workers) -> list:
     return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
 
 
+#: Seconds to wait for a worker when the client has none (a restarting nanny's workers come back in seconds).
+WORKER_WAIT = 10.0
+
 #: Client side: worker id (unique per worker process) -> fingerprints sent to it.
 _SENT: dict = {}
 _SENT_LOCK = threading.Lock()
@@ -124,9 +127,15 @@ def _workers(client):
     if getattr(client, "status", "running") in ("closed", "closing"):
         raise ValueError("client is closed: pass an open dask.distributed.Client (or client=None)")
     info = client.scheduler_info().get("workers")
+    if not info:  # none now: a nanny may be restarting them; wait a bounded time before saying so
+        try:
+            client.wait_for_workers(1, timeout=WORKER_WAIT)
+        except (TimeoutError, OSError):
+            pass
+        info = client.scheduler_info().get("workers")
     if not info:
-        raise RuntimeError("the Dask client has no workers: start some (e.g. `dask worker ADDRESS --nthreads 1` "
-                           "with NUMBA_NUM_THREADS=1) or use client=None")
+        raise RuntimeError(f"the Dask client has no workers (waited {WORKER_WAIT:g} s): start some (e.g. `dask worker "
+                           "ADDRESS --nthreads 1` with NUMBA_NUM_THREADS=1) or use client=None")
     return sorted((addr, w.get("id", addr)) for addr, w in info.items())
 
 
