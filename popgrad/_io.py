@@ -31,7 +31,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ._signals import deferred
+from ._signals import add_emergency, deferred, on_emergency, remove_emergency
 
 __all__ = ["InputFileError", "read_input_file", "MAX_INPUT_BYTES", "memory_limit", "atomic_path", "atomic_write_text", "atomic_savez", "OutputDir", "OutputDirError", "check_output_dir",
            "FolderLock", "clear_stale"]
@@ -136,7 +136,8 @@ def atomic_path(path):
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=folder)
     os.close(fd)
     try:
-        yield tmp
+        with on_emergency(lambda: _unlink_quietly(tmp)):
+            yield tmp
         os.chmod(tmp, _default_mode())
         _fsync_file(tmp)
         os.replace(tmp, path)
@@ -144,6 +145,13 @@ def atomic_path(path):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _unlink_quietly(path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _fsync_file(path) -> None:
@@ -334,6 +342,7 @@ class FolderLock:
                 except FileNotFoundError:
                     pass
                 continue
+            self._emergency = add_emergency(lambda: _unlink_quietly(self.path))
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 start = _process_start(os.getpid())
                 fh.write(f"{os.getpid()} {'-' if start is None else start} {host}\n")
@@ -348,6 +357,7 @@ class FolderLock:
                 os.unlink(self.path)
             except OSError:
                 pass
+        remove_emergency(getattr(self, "_emergency", None))
 
     def __enter__(self) -> "FolderLock":
         self.acquire()
@@ -442,12 +452,17 @@ class OutputDir:
             if not os.path.isdir(self.root):
                 os.makedirs(self.root)
                 self.created = True
+            # the watchdog's cleanup (popgrad._signals), run after the lock's (newest first): rmdir works then
+            self._emergency = add_emergency(self._remove_staging)
             self._lock.acquire()
             clear_stale(self.root, locked=True)  # what runs that were killed left behind
             self.staging = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{_owner_tag()}-", dir=self.root)
         except OSError as exc:
             self._cleanup()
             raise OutputDirError(f"{self.flag} {self.root}: cannot create the output folder: {_describe(exc)}") from None
+        except BaseException:  # the folder is another run's (OutputDirError), an interrupt
+            remove_emergency(getattr(self, "_emergency", None))
+            raise
         return self
 
     def __exit__(self, exc_type, exc, tb):
@@ -457,6 +472,7 @@ class OutputDir:
     def _cleanup(self) -> None:
         # Signals would leave a half-removed staging folder: hold SIGINT/SIGTERM meanwhile.
         with deferred():
+            remove_emergency(getattr(self, "_emergency", None))
             if self.staging is not None:
                 shutil.rmtree(self.staging, ignore_errors=True)
                 self.staging = None
@@ -466,6 +482,18 @@ class OutputDir:
                     os.rmdir(self.root)  # only when empty
                 except OSError:
                     pass
+
+    def _remove_staging(self) -> None:
+        """The watchdog's cleanup (another thread, the main one stuck in C code): the staging folder, and
+        the folder itself when this run created it and it is empty. The lock has its own."""
+        staging = self.staging
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if self.created:
+            try:
+                os.rmdir(self.root)
+            except OSError:
+                pass
 
     # -- files
     def path(self, name: str) -> str:

@@ -26,10 +26,20 @@ as it was. What this module offers:
   environment: its multiprocessing children ignore SIGINT from their first
   import of popgrad on. A Ctrl-C at the terminal, sent to the whole process
   group, reaches only the command, which then ends its workers.
+* :func:`watchdog` -- the command's promise (gone within two seconds of SIGINT or SIGTERM) when the
+  main thread cannot act: Python runs a signal handler between bytecodes only, and a long C call
+  (numba's LLVM compiling a kernel on a fresh machine takes up to 4 s per call) delays it. The C-level
+  handler writes the signal to a wake-up pipe; a helper thread reading it ends the command itself
+  (:data:`WATCHDOG_UNHANDLED` s after a signal no handler has acted on, :data:`WATCHDOG_HARD` s after
+  any) with the cleanups registered by :func:`on_emergency` (the staging folder, the folder lock, a
+  temporary file, the sweep's workers), the command's one line (:func:`set_interrupt_line`) and 130/143.
+  It waits for a :func:`deferred` block (a rename) to end and never acts once the status is decided
+  (:func:`final_line`, :func:`ignore_late_signals`).
 * :func:`say` -- ``print`` that survives a closed pipe (``popgrad ... | head -1``).
 """
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sys
@@ -38,7 +48,8 @@ import time
 from contextlib import contextmanager
 
 __all__ = ["Terminated", "install_import_guard", "is_cli_process", "cli_session", "deferred", "shield_children",
-           "say", "sigint_seen", "ignore_late_signals"]
+           "say", "sigint_seen", "signal_seen", "ignore_late_signals", "watchdog", "on_emergency", "set_interrupt_line",
+           "final_line"]
 
 _CLI_MODULES = ("popgrad.app.cli", "popgrad")
 _STATE = {"guard": False, "session": False, "sigint": False, "sigterm": False, "resend": False}
@@ -66,6 +77,7 @@ def _on_sigint(signum, frame):
     still report the interrupt (one line, 130) instead of that error's traceback.
     """
     _STATE["sigint"] = True
+    _acted()
     raise KeyboardInterrupt
 
 
@@ -112,6 +124,15 @@ def _unraisable(unraisable, _previous=sys.unraisablehook):
 def sigint_seen() -> bool:
     """True once the command has received SIGINT (whatever exception it became)."""
     return _STATE["sigint"]
+
+
+def signal_seen():
+    """``signal.SIGINT`` or ``signal.SIGTERM`` once the command has received one (SIGINT first: a terminal's
+    Ctrl-C), whatever exception it became (C code, numba's compiler among it, may turn either into
+    another error); ``None`` before."""
+    if _STATE["sigint"]:
+        return signal.SIGINT
+    return signal.SIGTERM if _STATE.get("sigterm") else None
 
 
 def _import_hook(exc_type, exc, tb, _previous=sys.excepthook):
@@ -182,6 +203,8 @@ def install_import_guard() -> None:
 
 
 def _raise_terminated(signum, frame):
+    _STATE["sigterm"] = True
+    _acted()
     raise Terminated()
 
 
@@ -200,6 +223,150 @@ def ignore_late_signals() -> None:
         except (ValueError, OSError):
             pass
     _STATE["finished"] = True
+
+
+# ------------------------------------------------------------------------------------------ the watchdog
+#: Seconds the main thread has to act on SIGINT/SIGTERM (run its Python handler) before the watchdog ends
+#: the command itself; and seconds after which it does so even when a handler has acted. Both well inside
+#: the two seconds the README promises.
+WATCHDOG_UNHANDLED = 1.0
+WATCHDOG_HARD = 1.6
+
+#: Held by the main thread in a :func:`deferred` block and while it prints its last line, and by the
+#: watchdog from its decision to the process's end: the two never both end the command.
+_EXIT = threading.RLock()
+_CLEANUPS: dict = {}
+_KEYS = itertools.count()
+_EVENTS = {"acted": threading.Event()}
+_LINE = {"fn": None}
+
+
+def _acted() -> None:
+    """A Python handler of the command ran: the main thread is acting on the signal."""
+    _EVENTS["acted"].set()
+
+
+@contextmanager
+def on_emergency(fn):
+    """Run ``fn()`` if the watchdog ends the command while the block runs (it is removed afterwards).
+
+    ``fn`` is called from the watchdog's thread while the main thread is stuck in C code: it must be
+    quick, idempotent and safe against that (remove a file or folder, kill processes)."""
+    key = add_emergency(fn)
+    try:
+        yield
+    finally:
+        remove_emergency(key)
+
+
+def add_emergency(fn) -> int:
+    """:func:`on_emergency` for a lifetime that is not a block: returns the key :func:`remove_emergency` takes."""
+    key = next(_KEYS)
+    _CLEANUPS[key] = fn
+    return key
+
+
+def remove_emergency(key) -> None:
+    _CLEANUPS.pop(key, None)
+
+
+def set_interrupt_line(fn) -> None:
+    """``fn(sig) -> str``: the one line the watchdog prints when it ends the command (``None``: the default)."""
+    _LINE["fn"] = fn
+
+
+def final_line(text: str) -> None:
+    """Print the command's last line on stderr and mark its status decided: the watchdog stays out."""
+    with _EXIT:
+        _STATE["decided"] = True
+        print(text, file=sys.stderr)
+        sys.stderr.flush()
+
+
+def _emergency(sig) -> None:
+    with _EXIT:  # a deferred block (a rename) ends first
+        if _STATE.get("finished") or _STATE.get("decided"):
+            return
+        _STATE["decided"] = True
+        for key in sorted(_CLEANUPS, reverse=True):  # the newest first
+            try:
+                _CLEANUPS.get(key, lambda: None)()
+            except BaseException:  # noqa: BLE001 - best effort: the process ends now
+                pass
+        line = None
+        if _LINE["fn"] is not None:
+            try:
+                line = _LINE["fn"](sig)
+            except BaseException:  # noqa: BLE001
+                line = None
+        if not line:
+            line = f"popgrad: {'terminated' if sig == signal.SIGTERM else 'interrupted'}"
+        try:
+            sys.stdout.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+        os.write(2, (line + "\n").encode())
+        os._exit(143 if sig == signal.SIGTERM else 130)
+
+
+def _settled(seconds) -> bool:
+    """Wait up to ``seconds``; True as soon as the command's status is decided."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if _STATE.get("finished") or _STATE.get("decided"):
+            return True
+        time.sleep(0.01)
+    return bool(_STATE.get("finished") or _STATE.get("decided"))
+
+
+def _watch(rfd) -> None:
+    while True:
+        try:
+            data = os.read(rfd, 512)
+        except OSError:
+            return
+        if not data:  # the write end is closed: the session is over
+            return
+        sigs = [b for b in data if b in (signal.SIGINT, signal.SIGTERM)]
+        if not sigs or _STATE.get("finished") or _STATE.get("decided"):
+            continue
+        sig = sigs[0]
+        t0 = time.monotonic()
+        if not _EVENTS["acted"].wait(WATCHDOG_UNHANDLED):  # the main thread is stuck in C code
+            if not (_STATE.get("finished") or _STATE.get("decided")):
+                _emergency(sig)
+            continue
+        if not _settled(WATCHDOG_HARD - (time.monotonic() - t0)):
+            _emergency(sig)
+
+
+@contextmanager
+def watchdog():
+    """The command's watchdog for the block (main thread only; elsewhere, or where the platform has no
+    wake-up pipe, a no-op). See the module doc."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "set_wakeup_fd"):
+        yield
+        return
+    rfd, wfd = os.pipe()
+    os.set_blocking(wfd, False)
+    try:
+        old = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        os.close(rfd)
+        os.close(wfd)
+        yield
+        return
+    _EVENTS["acted"].clear()
+    thread = threading.Thread(target=_watch, args=(rfd,), name="popgrad-watchdog", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        try:
+            signal.set_wakeup_fd(old)
+        except (ValueError, OSError):
+            pass
+        os.close(wfd)  # the thread reads end-of-file and stops
 
 
 #: The warning filter the command's children inherit (:func:`cli_session`).
@@ -225,8 +392,10 @@ def cli_session():
     warn = os.environ.get("PYTHONWARNINGS")
     os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [warn, _TRACKER_FILTER]))
     _STATE["session"] = True
+    guard = watchdog() if is_cli_process() else contextmanager(lambda: (yield))()
     try:
-        yield
+        with guard:
+            yield
     finally:
         if flag is None:
             os.environ.pop(CHILD_FLAG, None)
@@ -250,17 +419,25 @@ def deferred():
         return
     pending = []
     old = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            old[sig] = signal.signal(sig, lambda s, f: pending.append(s))
-        except (ValueError, OSError):
-            pass
+
+    def hold(s, f):
+        pending.append(s)
+        _acted()
+
     try:
-        yield
+        with _EXIT:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                try:
+                    old[sig] = signal.signal(sig, hold)
+                except (ValueError, OSError):
+                    pass
+            try:
+                yield
+            finally:
+                for sig, handler in old.items():
+                    signal.signal(sig, handler)
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-        for sig in pending:
+        for sig in pending:  # outside the lock: the watchdog may act meanwhile
             os.kill(os.getpid(), sig)
 
 

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from .. import __version__
-from .._signals import Terminated, cli_session, ignore_late_signals, is_cli_process, say, sigint_seen
+from .._signals import (Terminated, cli_session, final_line, ignore_late_signals, is_cli_process, say,
+                        set_interrupt_line, sigint_seen, signal_seen)
 from .config import ARG_SPECS, check_value, load_config_file, merge, resolve
 from .jobs import EXIT_DIVERGED, run
 from .kinds import KINDS, flags, model_flag
@@ -166,7 +168,7 @@ def main(argv=None) -> int:
         except (KeyboardInterrupt, Terminated) as exc:  # a signal that came between the two lines above
             if is_cli_process():
                 ignore_late_signals()
-            print(f"popgrad: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}", file=sys.stderr)
+            final_line(f"popgrad: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}")
             code = 143 if isinstance(exc, Terminated) else 130
     if code in (130, 143) and is_cli_process():
         # Interrupted: every ``finally`` has run and the one line is printed. End here with the
@@ -200,6 +202,8 @@ def _command(args) -> int:
     try:
         cfg = resolve_config(args, settle=args.command != "summary")
         out = cfg.get("out")
+        if args.command == "run":
+            set_interrupt_line(lambda sig: _interrupt_line(sig, out, True))
         if args.command == "summary":
             task = build_task(cfg)
             say(task.summary())
@@ -208,7 +212,7 @@ def _command(args) -> int:
             report = run(cfg, resume=args.resume, progress=not args.no_progress, log=say,
                          scheduler=getattr(args, "scheduler", None), worker_timeout=args.worker_timeout)
             if sigint_seen():  # a Ctrl-C that C code swallowed (it cleared the KeyboardInterrupt): still honoured
-                print("popgrad: interrupted (the run had already finished; the report is written)", file=sys.stderr)
+                final_line("popgrad: interrupted (the run had already finished; the report is written)")
                 return 130
             if report["trajectory"]["status"] != "completed":
                 print(f"popgrad: training diverged ({report['trajectory']['message']}); the report is written",
@@ -222,19 +226,27 @@ def _command(args) -> int:
         print(f"popgrad: error: cannot write{where}: {exc.strerror or exc}; nothing partial was left", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Terminated) as exc:
-        ckpt = os.path.join(out, "checkpoint.npz") if out and args.command == "run" else None
-        kept = (f"the last checkpoint {ckpt} is kept; continue with --resume" if ckpt and os.path.exists(ckpt)
-                else "no checkpoint was written yet")
-        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        print(f"popgrad: {what} ({kept})", file=sys.stderr)
-        return 143 if isinstance(exc, Terminated) else 130
+        sig = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+        final_line(_interrupt_line(sig, out, args.command == "run"))
+        return 143 if sig == signal.SIGTERM else 130
     except Exception:
-        if sigint_seen():  # a Ctrl-C that C code turned into another error (e.g. an interrupted import)
-            print("popgrad: interrupted (no checkpoint was written yet)" if out and args.command == "run"
-                  else "popgrad: interrupted", file=sys.stderr)
-            return 130
+        sig = signal_seen()
+        if sig is not None:  # a signal that C code (an import, numba's compiler) turned into another error
+            final_line(_interrupt_line(sig, out, args.command == "run"))
+            return 143 if sig == signal.SIGTERM else 130
         raise
     return 0
+
+
+def _interrupt_line(sig, out, run: bool) -> str:
+    """The one line of an interrupted command: what it was, and for ``run`` what was kept."""
+    what = "terminated" if sig == signal.SIGTERM else "interrupted"
+    if not run:
+        return f"popgrad: {what}"
+    ckpt = os.path.join(out, "checkpoint.npz") if out else None
+    kept = (f"the last checkpoint {ckpt} is kept; continue with --resume" if ckpt and os.path.exists(ckpt)
+            else "no checkpoint was written yet")
+    return f"popgrad: {what} ({kept})"
 
 
 def _one_line(exc) -> str:

@@ -93,18 +93,20 @@ same way: ``NUMBA_NUM_THREADS=1 dask worker tcp://host:8786 --nthreads 1``.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import os
 import platform
+import signal
 import sys
 import time
 import traceback
 from collections.abc import Mapping
 
 from .._io import FolderLock, atomic_write_text, check_output_dir, clear_stale
-from .._signals import Terminated, say, sigint_seen
+from .._signals import Terminated, final_line, on_emergency, say, set_interrupt_line, signal_seen
 from . import jobs
 from .config import ARG_SPECS, CLIError, CLITypeError, checked, load_toml, merge, settle
 from .scheduler import check_scheduler_address, connect_scheduler
@@ -354,9 +356,11 @@ def _run_cells(cells, rows, todo, client, own, workers, worker_timeout, figures,
     t0 = time.perf_counter()
     cluster = futures = bar = None
     interrupted = False
+    emergency = contextlib.ExitStack()  # the watchdog's cleanup while our cluster runs
     try:
         if client is None:  # our own LocalCluster (a --scheduler was connected to before anything was written)
             client, cluster = _start_client(None, workers, len(todo), worker_timeout, log)
+            emergency.enter_context(on_emergency(lambda: _stop_workers_now(cluster)))
         log(f"Dask scheduler: {client.scheduler.address}; dashboard: {_dashboard(client)}")
         os.makedirs(cells_dir, exist_ok=True)
         token = os.urandom(4).hex()
@@ -388,6 +392,7 @@ def _run_cells(cells, rows, todo, client, own, workers, worker_timeout, figures,
                 pass
         raise
     finally:
+        emergency.close()
         if bar is not None:
             bar.close()
         # Interrupted: the workers are gone; Dask's orderly close of a scheduler holding thousands of
@@ -413,6 +418,7 @@ def _run_cells(cells, rows, todo, client, own, workers, worker_timeout, figures,
 def main_sweep(args) -> int:
     """``popgrad sweep``: exit 0 (all ok), 1 (some cells failed), 2 (bad spec/options, unusable ``--out``,
     a full disk), 130 (interrupted), 143 (terminated); every error one line on stderr."""
+    set_interrupt_line(lambda sig: _interrupt_line(sig))
     try:
         df = sweep(args.spec, out=args.out, scheduler=args.scheduler, workers=args.workers, figures=args.figures,
                    progress=False if args.no_progress else None, log=say, worker_timeout=args.worker_timeout)
@@ -425,13 +431,14 @@ def main_sweep(args) -> int:
               "command to resume)", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Terminated) as exc:
-        what = "terminated" if isinstance(exc, Terminated) else "interrupted"
-        print(f"popgrad: {what} (finished cells are kept; rerun the same command to resume)", file=sys.stderr)
-        return 143 if isinstance(exc, Terminated) else 130
+        sig = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+        final_line(_interrupt_line(sig))
+        return 143 if sig == signal.SIGTERM else 130
     except Exception:
-        if sigint_seen():  # a Ctrl-C that C code turned into another error (e.g. an interrupted import)
-            print("popgrad: interrupted (finished cells are kept; rerun the same command to resume)", file=sys.stderr)
-            return 130
+        sig = signal_seen()
+        if sig is not None:  # a signal that C code turned into another error (e.g. an interrupted import)
+            final_line(_interrupt_line(sig))
+            return 143 if sig == signal.SIGTERM else 130
         raise
     failed = int((df["status"] != "ok").sum())
     if failed:
@@ -439,3 +446,8 @@ def main_sweep(args) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _interrupt_line(sig) -> str:
+    what = "terminated" if sig == signal.SIGTERM else "interrupted"
+    return f"popgrad: {what} (finished cells are kept; rerun the same command to resume)"
