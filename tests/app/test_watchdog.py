@@ -170,3 +170,22 @@ def test_the_library_starts_no_watchdog():
             "    assert not [t for t in threading.enumerate() if t.name == 'popgrad-watchdog']\n")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True, timeout=120)
+
+
+def test_a_sigterm_that_c_code_turned_into_another_error_is_reported_as_terminated(tmp_path, monkeypatch, capsys):
+    """numba's compiler, interrupted by ``Terminated``, can raise its own error on the way out ("no compiled
+    object yet"): the command still says "terminated" and exits 143 (it printed a traceback and exited 1)."""
+    from popgrad import _signals
+    from popgrad.app import cli
+
+    def interrupted_compile(*args, **kwargs):
+        _signals._STATE["sigterm"] = True  # what the SIGTERM handler notes before raising Terminated
+        raise RuntimeError("no compiled object yet for <Library '_node_forward'>")
+
+    monkeypatch.setattr(cli, "run", interrupted_compile)
+    monkeypatch.setitem(_signals._STATE, "sigterm", False)
+    monkeypatch.setitem(_signals._STATE, "decided", False)
+    code = cli.main(["run", "--S", "2", "--T", "4", "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 143
+    assert err.splitlines() == ["popgrad: terminated (no checkpoint was written yet)"], err
