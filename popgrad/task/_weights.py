@@ -26,6 +26,23 @@ def decode_sequence(index, S, T, out):
 
 
 @njit(cache=True)
+def atom_path_weight(k, s, parents, mu, atoms, prior_w):
+    """``(prior_w[k] / S) ∏_{i<T-1} P_k(s_i | s_{p(i)})`` (roots from ``mu[k]``; the uniform query's ``1/S``
+    first): the weight of the tokens before the target under atom ``k``, in the one multiplication order
+    every single-parent kernel shares (their results agree to the bit)."""
+    S = atoms.shape[1]
+    T = s.shape[0]
+    p = prior_w[k] / S
+    for i in range(T - 1):
+        par = parents[i]
+        if par < 0:
+            p *= mu[k, s[i]]
+        else:
+            p *= atoms[k, s[par], s[i]]
+    return p
+
+
+@njit(cache=True)
 def sequence_weight_row(s, parents, mu, atoms, prior_w, out):
     """``out[c] = w(s, c)`` of DESIGN §2 for one sequence ``s``."""
     K, S, _ = atoms.shape
@@ -34,13 +51,7 @@ def sequence_weight_row(s, parents, mu, atoms, prior_w, out):
     for c in range(S):
         out[c] = 0.0
     for k in range(K):
-        p = prior_w[k] / S
-        for i in range(T - 1):
-            par = parents[i]
-            if par < 0:
-                p *= mu[k, s[i]]
-            else:
-                p *= atoms[k, s[par], s[i]]
+        p = atom_path_weight(k, s, parents, mu, atoms, prior_w)
         if p != 0.0:
             for c in range(S):
                 out[c] += p * atoms[k, q, c]
@@ -77,6 +88,31 @@ def rows_weights_serial(seqs, parents, mu, atoms, prior_w, w):
 
 # ===================================================================== weights
 @njit(cache=True)
+def target_row(s, tp, S):
+    """The flat row ``Σ_h s[tp[h]] S^(k-1-h)`` of the target's parent tuple (the query's tuple ``tp``)."""
+    rt = 0
+    for h in range(tp.shape[0]):
+        rt = rt * S + s[tp[h]]
+    return rt
+
+
+@njit(cache=True)
+def atom_path_weight_multi(m, s, parents, atoms, pk0):
+    """``pk0[m] ∏_{i non-root} P_m(s_i | s_{pa(i)})``: the k-parent analogue of :func:`atom_path_weight`, in the
+    one multiplication order every k-parent kernel shares."""
+    S = atoms.shape[2]
+    T, k = parents.shape
+    p = pk0[m]
+    for i in range(T):
+        if parents[i, 0] >= 0:
+            row = 0
+            for h in range(k):
+                row = row * S + s[parents[i, h]]
+            p *= atoms[m, row, s[i]]
+    return p
+
+
+@njit(cache=True)
 def sequence_weight_row_multi(s, parents, tp, atoms, target_tab, pk0, out):
     """``out[c] = Σ_m p_m(s) · target_tab[m, r_tp(s), c]`` for one sequence ``s``.
 
@@ -85,22 +121,12 @@ def sequence_weight_row_multi(s, parents, tp, atoms, target_tab, pk0, out):
     ``target_tab = atoms`` this is ``w(s, ·)``.
     """
     K = atoms.shape[0]
-    S = atoms.shape[2]
-    T, k = parents.shape
     C = target_tab.shape[2]
-    rt = 0
-    for h in range(k):
-        rt = rt * S + s[tp[h]]
+    rt = target_row(s, tp, atoms.shape[2])
     for c in range(C):
         out[c] = 0.0
     for m in range(K):
-        p = pk0[m]
-        for i in range(T):
-            if parents[i, 0] >= 0:
-                row = 0
-                for h in range(k):
-                    row = row * S + s[parents[i, h]]
-                p *= atoms[m, row, s[i]]
+        p = atom_path_weight_multi(m, s, parents, atoms, pk0)
         if p != 0.0:
             for c in range(C):
                 out[c] += p * target_tab[m, rt, c]

@@ -304,6 +304,7 @@ def bound_readings(pi, mu=None) -> BoundReadings:
     pi : array_like, shape (S, S)
         Irreducible transition matrix.
     mu : array_like, shape (S,), optional
+        Its stationary distribution; computed from ``pi`` when omitted.
 
     Returns
     -------

@@ -29,7 +29,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ...task._weights import decode_sequence
+from ...task._weights import atom_path_weight, atom_path_weight_multi, decode_sequence, target_row
 from .numeric import has_weight, head_kappa, head_sums, log_token_mass
 from .twins import twins
 
@@ -42,13 +42,7 @@ def _token_weights(s, parents, mu, atoms, prior_w, w, Y2, pc):
     q = s[T - 1]
     _zero_weights(w, Y2)
     for k in range(K):
-        p = prior_w[k] / S
-        for i in range(T - 1):
-            par = parents[i]
-            if par < 0:
-                p *= mu[k, s[i]]
-            else:
-                p *= atoms[k, s[par], s[i]]
+        p = atom_path_weight(k, s, parents, mu, atoms, prior_w)
         if p != 0.0:
             for c in range(S):
                 pc[c] = p * atoms[k, q, c]
@@ -60,19 +54,10 @@ def _token_weights_multi(s, parents, tp, atoms, pk0, w, Y2, pc):
     """``w[c]`` and ``Y2[c, c']`` of one sequence (k-parent process, DESIGN §9)."""
     K = atoms.shape[0]
     S = atoms.shape[2]
-    T, k = parents.shape
-    rt = 0
-    for h in range(k):
-        rt = rt * S + s[tp[h]]
+    rt = target_row(s, tp, S)
     _zero_weights(w, Y2)
     for m in range(K):
-        p = pk0[m]
-        for i in range(T):
-            if parents[i, 0] >= 0:
-                row = 0
-                for h in range(k):
-                    row = row * S + s[parents[i, h]]
-                p *= atoms[m, row, s[i]]
+        p = atom_path_weight_multi(m, s, parents, atoms, pk0)
         if p != 0.0:
             for c in range(S):
                 pc[c] = p * atoms[m, rt, c]
