@@ -340,6 +340,28 @@ def _watch(rfd) -> None:
             _emergency(sig)
 
 
+_PIPE = {"fds": None}
+
+
+def _forget_pipe_in_child() -> None:
+    """In a forked child: no wake-up pipe (the parent's watchdog must not read the child's signals)."""
+    fds = _PIPE["fds"]
+    if fds is None:
+        return
+    _PIPE["fds"] = None
+    try:
+        current = signal.set_wakeup_fd(-1)
+        if current not in fds:  # someone else's: put it back
+            signal.set_wakeup_fd(current)
+    except (ValueError, OSError):
+        pass
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 @contextmanager
 def watchdog():
     """The command's watchdog for the block (main thread only; elsewhere, or where the platform has no
@@ -356,6 +378,11 @@ def watchdog():
         os.close(wfd)
         yield
         return
+    if not _STATE.get("at_fork"):
+        # a forked child (multiprocessing's fork) would write its own signals into our pipe: it forgets it
+        os.register_at_fork(after_in_child=_forget_pipe_in_child)
+        _STATE["at_fork"] = True
+    _PIPE["fds"] = (rfd, wfd)
     _EVENTS["acted"].clear()
     thread = threading.Thread(target=_watch, args=(rfd,), name="popgrad-watchdog", daemon=True)
     thread.start()
@@ -366,6 +393,7 @@ def watchdog():
             signal.set_wakeup_fd(old)
         except (ValueError, OSError):
             pass
+        _PIPE["fds"] = None
         os.close(wfd)  # the thread reads end-of-file and stops
 
 

@@ -189,3 +189,24 @@ def test_a_sigterm_that_c_code_turned_into_another_error_is_reported_as_terminat
     err = capsys.readouterr().err
     assert code == 143
     assert err.splitlines() == ["popgrad: terminated (no checkpoint was written yet)"], err
+
+
+def test_a_forked_child_does_not_feed_the_parents_watchdog(tmp_path):
+    """A child forked while the watchdog runs forgets the wake-up pipe: a SIGTERM the child receives (a
+    worker stopped by its nanny) never makes the parent's watchdog end the parent."""
+    p = _start("""
+        import signal
+        with _signals.cli_session(), _signals.watchdog():
+            pid = os.fork()
+            if pid == 0:
+                signal.signal(signal.SIGTERM, lambda s, f: None)  # a Python handler: the C handler runs
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)
+                os._exit(0)
+            os.waitpid(pid, 0)
+            print("ready", flush=True)
+            time.sleep(2 * _signals.WATCHDOG_HARD)
+            print("parent alive", flush=True)
+    """, tmp_path)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and out.decode().strip() == "parent alive", (p.returncode, out, err)
