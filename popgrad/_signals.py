@@ -364,9 +364,9 @@ def _forget_pipe_in_child() -> None:
 
 @contextmanager
 def watchdog():
-    """The command's watchdog for the block (main thread only; elsewhere, or where the platform has no
-    wake-up pipe, a no-op). See the module doc."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "set_wakeup_fd"):
+    """The command's watchdog for the block (main thread only, POSIX; elsewhere a no-op). See the module doc."""
+    if (threading.current_thread() is not threading.main_thread() or os.name != "posix"
+            or not hasattr(os, "register_at_fork")):
         yield
         return
     rfd, wfd = os.pipe()
