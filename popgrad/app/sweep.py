@@ -93,7 +93,6 @@ same way: ``NUMBA_NUM_THREADS=1 dask worker tcp://host:8786 --nthreads 1``.
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
@@ -106,7 +105,8 @@ import traceback
 from collections.abc import Mapping
 
 from .._io import FolderLock, atomic_write_text, check_output_dir, clear_stale
-from .._signals import Terminated, final_line, on_emergency, say, set_interrupt_line, signal_seen
+from .._signals import (Terminated, add_emergency, final_line, remove_emergency, say, set_interrupt_line,
+                        signal_seen)
 from . import jobs
 from .config import ARG_SPECS, CLIError, CLITypeError, checked, load_toml, merge, settle
 from .scheduler import check_scheduler_address, connect_scheduler
@@ -356,11 +356,15 @@ def _run_cells(cells, rows, todo, client, own, workers, worker_timeout, figures,
     t0 = time.perf_counter()
     cluster = futures = bar = None
     interrupted = False
-    emergency = contextlib.ExitStack()  # the watchdog's cleanup while our cluster runs
+
+    def stop_now():  # the watchdog's cleanup (popgrad._signals): what the interrupted path below does
+        _stop_workers_now(cluster)
+        _clear_cut_cells(own, todo, rows, cells, cells_dir)
+
+    emergency = add_emergency(stop_now)
     try:
         if client is None:  # our own LocalCluster (a --scheduler was connected to before anything was written)
             client, cluster = _start_client(None, workers, len(todo), worker_timeout, log)
-            emergency.enter_context(on_emergency(lambda: _stop_workers_now(cluster)))
         log(f"Dask scheduler: {client.scheduler.address}; dashboard: {_dashboard(client)}")
         os.makedirs(cells_dir, exist_ok=True)
         token = os.urandom(4).hex()
@@ -392,26 +396,34 @@ def _run_cells(cells, rows, todo, client, own, workers, worker_timeout, figures,
                 pass
         raise
     finally:
-        emergency.close()
-        if bar is not None:
-            bar.close()
-        # Interrupted: the workers are gone; Dask's orderly close of a scheduler holding thousands of
-        # tasks takes seconds, so it gets a short while and the process exit ends the rest.
-        wait = {"timeout": CLOSE_TIMEOUT_INTERRUPTED} if interrupted else {}
-        if cluster is not None and client is not None:  # the client of our LocalCluster (a --scheduler's: sweep())
-            _close(client, **wait)
-        if cluster is not None:
-            _close(cluster, **wait)
-        if own:  # what cells cut short left behind (the cluster is closed: their processes are gone)
-            for i in todo:
-                if i not in rows:
-                    clear_stale(os.path.join(cells_dir, cells[i][0]))
+        try:
+            if bar is not None:
+                bar.close()
+            # Interrupted: the workers are gone; Dask's orderly close of a scheduler holding thousands of
+            # tasks takes seconds, so it gets a short while and the process exit ends the rest.
+            wait = {"timeout": CLOSE_TIMEOUT_INTERRUPTED} if interrupted else {}
+            if cluster is not None and client is not None:  # our LocalCluster's client (a --scheduler's: sweep())
+                _close(client, **wait)
+            if cluster is not None:
+                _close(cluster, **wait)
+            # what cells cut short left behind (the cluster is closed: their processes are gone)
+            _clear_cut_cells(own, todo, rows, cells, cells_dir)
+        finally:
+            remove_emergency(emergency)
     df = _frame(rows)
     failed = int((df["status"] != "ok").sum())
     log(f"sweep: {len(todo)} cell{'s' * (len(todo) != 1)} run in {time.perf_counter() - t0:.1f} s; "
         f"{len(df) - failed} ok, {failed} failed; "
         f"results: {csv_path}")
     return df
+
+
+def _clear_cut_cells(own, todo, rows, cells, cells_dir) -> None:
+    """What the cells cut short left behind (staging folders, locks), when the sweep ran them on its own cluster."""
+    if own:
+        for i in todo:
+            if i not in rows:
+                clear_stale(os.path.join(cells_dir, cells[i][0]))
 
 
 # --------------------------------------------------------------------- CLI
