@@ -1,7 +1,4 @@
 """Exact population loss and gradients of the disentangled transformer (popgrad.engine.catformer, DESIGN §18)."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import numba
@@ -13,6 +10,7 @@ import popgrad as pg
 from popgrad.engine import catformer as E
 from popgrad.model.catformer import CatFormerParams
 from tests.strategies import multi_tasks, tasks
+from tests.threads import stdout_per_thread_count
 
 REL = 1e-12  # kernel vs NumPy reference (relative to the largest entry)
 FD = 1e-6  # central differences (relative)
@@ -181,12 +179,7 @@ def test_thread_count_independence_in_a_fresh_process():
                                        options=pg.EngineOptions(prefix_block_sequences=81, parallel_min_sequences=1))
         print(repr(r.loss), [a.tobytes().hex() for a in r.dA], r.dW.tobytes().hex())
         """)
-    outs = []
-    for n in ("1", "2"):
-        env = {**os.environ, "NUMBA_NUM_THREADS": n}
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-        assert proc.returncode == 0, proc.stderr
-        outs.append(proc.stdout)
+    outs = stdout_per_thread_count(code)
     assert outs[0] == outs[1]
 
 

@@ -1,8 +1,5 @@
 """The dense batch kernel (popgrad.engine.catformer_rows.catformer_batch_loss_and_grad) against the NumPy reference
 and the trie rows kernel: values, finite differences, row losses, blocks, thread counts."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -15,6 +12,7 @@ from popgrad.engine.catformer_rows import catformer_batch_loss_and_grad
 from popgrad.model.catformer import CatFormerParams, catformer_forward
 from popgrad.train.catformer import _row_losses
 from tests.engine.test_catformer import HEADS, assert_same, random_params
+from tests.threads import stdout_per_thread_count
 
 
 @st.composite
@@ -124,12 +122,7 @@ def test_batch_thread_count_independence_in_a_fresh_process():
                                                                    parallel_min_sequences=1))
         print(repr(r.loss), [a.tobytes().hex() for a in r.dA], r.dW.tobytes().hex(), r.row_loss.tobytes().hex())
         """)
-    outs = []
-    for n in ("1", "2"):
-        env = {**os.environ, "NUMBA_NUM_THREADS": n}
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-        assert proc.returncode == 0, proc.stderr
-        outs.append(proc.stdout)
+    outs = stdout_per_thread_count(code)
     assert outs[0] == outs[1]
 
 

@@ -1,7 +1,4 @@
 """The full model's loss and gradient over explicit rows (popgrad.engine.catformer.catformer_rows_loss_and_grad)."""
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -13,6 +10,7 @@ from popgrad.engine import catformer as E
 from popgrad.model.catformer import CatFormerParams
 from tests.engine.test_catformer import HEADS, assert_same, random_params
 from tests.strategies import multi_tasks, tasks
+from tests.threads import stdout_per_thread_count
 
 
 @st.composite
@@ -113,12 +111,7 @@ def test_rows_thread_count_independence_in_a_fresh_process():
                                                                   parallel_min_sequences=1))
         print(repr(r.loss), [a.tobytes().hex() for a in r.dA], r.dW.tobytes().hex())
         """)
-    outs = []
-    for n in ("1", "2"):
-        env = {**os.environ, "NUMBA_NUM_THREADS": n}
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-        assert proc.returncode == 0, proc.stderr
-        outs.append(proc.stdout)
+    outs = stdout_per_thread_count(code)
     assert outs[0] == outs[1]
 
 

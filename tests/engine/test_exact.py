@@ -6,9 +6,6 @@ single-parent tasks, the engine (``prefix``, ``direct``). Single-parent-only tes
 specifics are in ``test_multihead.py``.
 """
 import itertools
-import os
-import subprocess
-import sys
 import textwrap
 import warnings
 from typing import NamedTuple
@@ -24,6 +21,7 @@ from popgrad.engine import baselines
 
 from ..profiles import budget
 from ..strategies import multi_tasks, run_engine, tasks
+from tests.threads import stdout_per_thread_count
 
 
 class Tolerances(NamedTuple):
@@ -315,12 +313,7 @@ FRESH_PROCESS_CODE = {
 def test_thread_count_independence_in_a_fresh_process(kind):
     """NUMBA_NUM_THREADS=1 and =2 in separate processes give the same bits."""
     code = textwrap.dedent(FRESH_PROCESS_CODE[kind])
-    outs = []
-    for n in ("1", "2"):
-        env = {**os.environ, "NUMBA_NUM_THREADS": n}
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-        outs.append(proc.stdout)
+    outs = stdout_per_thread_count(code, timeout=300)
     assert outs[0] == outs[1]
 
 
