@@ -24,6 +24,7 @@ import sys
 import warnings
 
 from ..task.tasks import MultiParentTask, check_task
+from . import catformer_symmetry as _catformer_symmetry
 from . import multi as _multi
 from . import single as _single
 from . import symmetry as _symmetry
@@ -186,6 +187,7 @@ def clear_caches() -> None:
     _single.clear_plans()
     _table.clear_tables()
     _symmetry._CLOSED.clear()
+    _catformer_symmetry.clear_orbit_tables()
     dist = sys.modules.get(__package__ + ".distributed")
     if dist is not None:  # the worker-side caches of this process (a worker, or a threads-only cluster)
         dist.clear_worker_caches()

@@ -143,7 +143,14 @@ def _use_reduction(task, model, params, symmetry) -> bool:
         return False
     if symmetry == "auto":
         return _sym.reduction_applies(task, model, params)
-    if not (isinstance(task, Task) and 2 <= task.S <= MAX_SYMMETRY_S and exactly_closed(task.prior)):
+    if not (isinstance(task, Task) and 2 <= task.S <= MAX_SYMMETRY_S):
+        raise ValueError("symmetry='on' needs a single-parent task with 2 <= S <= 8 whose prior is closed under "
+                         "relabeling (e.g. FinitePrior.relabeling_closure); use symmetry='auto' or 'off'")
+    if task.continuous and not _sym.table_reduction_applies(task):
+        raise ValueError(f"symmetry='on' needs a weight table closed under relabeling (defect "
+                         f"{_sym.orbit_table(task).defect:.3g} > TABLE_SYM_RTOL = {_sym.TABLE_SYM_RTOL:g}); "
+                         "use symmetry='auto' or 'off'")
+    if not task.continuous and not exactly_closed(task.prior):
         raise ValueError("symmetry='on' needs a single-parent task with 2 <= S <= 8 whose prior is closed under "
                          "relabeling (e.g. FinitePrior.relabeling_closure); use symmetry='auto' or 'off'")
     if not _sym.is_equivariant(model, params):
@@ -160,6 +167,8 @@ def _dispatch(task, model, params, eps, want_grad, client, opts, symmetry="off")
 
         _distributed.check_client(client)
     if _use_reduction(task, model, params, symmetry):
+        if task.continuous:
+            return _reduced_table(task, model, params, eps, want_grad, opts)
         return _reduced(task, model, params, eps, want_grad, opts)
     if _table.use_table(task, per_atom=True):  # the one rule (DESIGN §20): the weight table's rows
         tjob = _ct.blocks(task, blocks(None, model, params, eps, want_grad, opts), opts)
@@ -264,6 +273,20 @@ def _reduced(task, model, params, eps, want_grad, opts) -> CatFormerLossAndGrad:
     job = job._replace(canon=True, orbit=orbit_sizes(task.S), ids=ids, n_blocks=len(ids),
                        parallel=use_parallel(len(ids), task.n_sequences, opts))
     res = finish_blocks(job, run_blocks(task, job))
+    if not want_grad or not math.isfinite(res.loss):
+        return res
+    dA, dW = _sym.symmetrize_params(model, res.dA, res.dW)
+    return CatFormerLossAndGrad(res.loss, dA, dW)
+
+
+def _reduced_table(task, model, params, eps, want_grad, opts) -> CatFormerLossAndGrad:
+    """The orbit-reduced sum on the table path: the rows kernel over the canonical sequences with the
+    orbit-summed weights of :func:`popgrad.engine.catformer_symmetry.orbit_table` (built once per task), then
+    ``Sym``. For equivariant ``θ`` the loss is the table's loss and the gradient ``Sym`` of the table's
+    gradient, exactly (DESIGN §21): the same numbers as the full table up to its measured defect."""
+    orb = _sym.orbit_table(task)
+    job = blocks(None, model, params, eps, want_grad, opts)
+    res = finish_blocks(job, _rows_partials(job, orb.seqs, orb.w, opts))
     if not want_grad or not math.isfinite(res.loss):
         return res
     dA, dW = _sym.symmetrize_params(model, res.dA, res.dW)

@@ -28,21 +28,31 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import NamedTuple
 
 import numpy as np
 
 from ..model.catformer import CatFormerParams
 from ..task.tasks import Task
 from .symmetry import MAX_SYMMETRY_S, exactly_closed
+from .table import table_rows
 
-__all__ = ["EQUIV_RTOL", "equivariance_defect", "is_equivariant", "relabel_params", "symmetrize_params",
-           "reduction_applies", "coordinate_orbits"]
+__all__ = ["EQUIV_RTOL", "TABLE_SYM_RTOL", "equivariance_defect", "is_equivariant", "relabel_params",
+           "symmetrize_params", "reduction_applies", "coordinate_orbits", "OrbitTable", "orbit_table",
+           "canonical_codes", "canonical_form", "table_reduction_applies"]
 
 #: Largest ``max|σ·θ − θ| / max|θ|`` over the generators for which ``θ`` counts as equivariant.
 EQUIV_RTOL = 1e-12
+#: Largest :attr:`OrbitTable.defect` (relative L1 distance of a weight table from its relabeling
+#: symmetrization, bounded above) for which a continuous task's table path is orbit-reduced: the stated
+#: accuracy of the least exact table (S = 2 stationary roots, ``weight_accuracy`` ≤ 1e-10).
+TABLE_SYM_RTOL = 1e-10
 
 _ORBITS: OrderedDict = OrderedDict()
+_TABLES: OrderedDict = OrderedDict()  # task fingerprint -> OrbitTable, kept for 2 tasks
 _LOCK = threading.Lock()
+#: Rows per chunk when an orbit table is summed from the weight table.
+_ORBIT_CHUNK = 2**18
 
 
 def _token_index(d, d0, S, sigma) -> np.ndarray:
@@ -94,10 +104,115 @@ def is_equivariant(model, params, rtol=EQUIV_RTOL) -> bool:
 
 
 def reduction_applies(task, model, params) -> bool:
-    """The orbit reduction is exact: a single-parent task whose prior is exactly closed under relabeling
-    (:func:`popgrad.engine.symmetry.exactly_closed`), ``2 ≤ S ≤ MAX_SYMMETRY_S``, equivariant ``params``."""
-    return (isinstance(task, Task) and 2 <= task.S <= MAX_SYMMETRY_S and exactly_closed(task.prior)
-            and is_equivariant(model, params))
+    """The orbit reduction is exact: a single-parent task, ``2 ≤ S ≤ MAX_SYMMETRY_S``, equivariant ``params``,
+    and a prior exactly closed under relabeling (:func:`popgrad.engine.symmetry.exactly_closed`) or a
+    continuous prior whose weight table is relabeling-invariant (:func:`table_reduction_applies`)."""
+    if not (isinstance(task, Task) and 2 <= task.S <= MAX_SYMMETRY_S) or not is_equivariant(model, params):
+        return False
+    return table_reduction_applies(task) if task.continuous else exactly_closed(task.prior)
+
+
+# ====================================================================== the table path's orbit reduction
+class OrbitTable(NamedTuple):
+    """A weight table summed over the relabeling orbits (DESIGN §21, "the table path").
+
+    ``seqs (M, T)`` int64: the canonical sequences (each token's first occurrence in the order ``0, 1, …``),
+    in lexicographic order; ``w (M, S)``: ``W̄(r, c') = Σ_{s: τ_s s = r} w(s, τ_s⁻¹ c')``, ``τ_s`` the relabeling
+    that makes ``s`` canonical (the tokens ``s`` does not use go, in increasing order, to the labels left);
+    ``defect``: ``Σ_{r, c'} n(r) (max − min)_{s: τ_s s = r} w(s, τ_s⁻¹ c') / Σ w``, ``n(r)`` the orbit size, an
+    upper bound on the relative L1 distance between the table and its symmetrization (0 for an invariant
+    table).
+    """
+
+    seqs: np.ndarray
+    w: np.ndarray
+    defect: float
+
+
+def canonical_codes(S: int, T: int) -> np.ndarray:
+    """The canonical sequences of ``[S]^T`` as base-``S`` numbers (position 0 most significant), increasing."""
+    codes = np.zeros(1, dtype=np.int64)
+    mx = np.full(1, -1, dtype=np.int64)
+    for _ in range(T):
+        n_child = np.minimum(S, mx + 2)
+        parent = np.repeat(np.arange(codes.size), n_child)
+        tok = np.arange(parent.size) - np.repeat(np.cumsum(n_child) - n_child, n_child)
+        codes = codes[parent] * S + tok
+        mx = np.maximum(mx[parent], tok)
+    return codes
+
+
+def canonical_form(seqs: np.ndarray, S: int):
+    """``(codes, tau)``: each row's canonical sequence as a base-``S`` number and its relabeling ``tau[n, a]``
+    (a permutation of ``0 … S-1`` per row: tokens by first occurrence, the unused ones after, increasing)."""
+    N, T = seqs.shape
+    first = np.full((N, S), T, dtype=np.int64)
+    rows = np.arange(N)
+    for t in range(T - 1, -1, -1):  # the last write is the first occurrence
+        first[rows, seqs[:, t]] = t
+    order = np.argsort(first, axis=1, kind="stable")
+    tau = np.empty_like(order)
+    np.put_along_axis(tau, order, np.broadcast_to(np.arange(S), (N, S)), axis=1)
+    canon = np.take_along_axis(tau, seqs, axis=1)
+    return canon @ (S ** np.arange(T - 1, -1, -1, dtype=np.int64)), tau
+
+
+def _build_orbit_table(task) -> OrbitTable:
+    S, T, N = task.S, task.T, task.n_sequences
+    codes = canonical_codes(S, T)
+    M = codes.size
+    wsum = np.zeros(M * S)
+    wmax = np.full(M * S, -np.inf)
+    wmin = np.full(M * S, np.inf)
+    count = np.zeros(M, dtype=np.int64)
+    total = 0.0
+    for r0 in range(0, N, _ORBIT_CHUNK):
+        seqs, w = table_rows(task, r0, min(N, r0 + _ORBIT_CHUNK))
+        code, tau = canonical_form(np.asarray(seqs), S)
+        idx = np.searchsorted(codes, code)
+        flat = (idx[:, None] * S + tau).ravel()
+        wf = np.asarray(w, dtype=np.float64).ravel()
+        wsum += np.bincount(flat, weights=wf, minlength=M * S)
+        np.maximum.at(wmax, flat, wf)
+        np.minimum.at(wmin, flat, wf)
+        count += np.bincount(idx, minlength=M)
+        total += float(wf.sum())
+    digits = (codes[:, None] // S ** np.arange(T - 1, -1, -1, dtype=np.int64)) % S
+    spread = float(np.sum((wmax - wmin).reshape(M, S) * count[:, None]))
+    defect = spread / total if total > 0 else 0.0
+    w = wsum.reshape(M, S)
+    digits.setflags(write=False)
+    w.setflags(write=False)
+    return OrbitTable(digits, w, defect)
+
+
+def orbit_table(task) -> OrbitTable:
+    """The :class:`OrbitTable` of a task's weight table (computed once per task, kept for the last two tasks;
+    one pass over the table, in chunks past the table budget)."""
+    key = task.fingerprint
+    with _LOCK:
+        hit = _TABLES.get(key)
+    if hit is not None:
+        return hit
+    out = _build_orbit_table(task)
+    with _LOCK:
+        _TABLES[key] = out
+        while len(_TABLES) > 2:
+            _TABLES.popitem(last=False)
+    return out
+
+
+def clear_orbit_tables() -> None:
+    """Forget the kept orbit tables (:func:`popgrad.clear_caches`)."""
+    with _LOCK:
+        _TABLES.clear()
+
+
+def table_reduction_applies(task) -> bool:
+    """A continuous single-parent task (``2 ≤ S ≤ MAX_SYMMETRY_S``) whose weight table is relabeling-invariant:
+    :attr:`OrbitTable.defect` ``≤ TABLE_SYM_RTOL`` (builds the orbit table on first use)."""
+    return (isinstance(task, Task) and task.continuous and 2 <= task.S <= MAX_SYMMETRY_S
+            and orbit_table(task).defect <= TABLE_SYM_RTOL)
 
 
 def coordinate_orbits(model):

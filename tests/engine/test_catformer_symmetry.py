@@ -8,6 +8,7 @@ from popgrad.engine import catformer as E
 from popgrad.engine import catformer_symmetry as Y
 from popgrad.model.catformer import CatFormerParams
 from tests.engine.test_catformer import assert_same
+from tests.threads import stdout_per_thread_count
 
 
 def closed_task(S=3, T=5, seed=0, graph=None):
@@ -152,3 +153,120 @@ def test_coordinate_orbits_partition_the_parameters():
     assert lab.size == sum(int(np.prod(s)) for s in model.shapes()[0]) + int(np.prod(model.shapes()[1]))
     assert counts.sum() == lab.size and np.all(np.bincount(lab) == counts)
     assert set(np.unique(counts).astype(int)) <= {1, 2, 3, 6}  # orbit sizes divide |S_3| = 6
+
+
+# ====================================================================== the table path (continuous priors)
+def continuous_task(S, T, roots="stationary", seed=1):
+    return pg.Task(pg.random_tree(T, seed=seed, root_prob=0.5), pg.DirichletPrior(S, 0.1, roots=roots))
+
+
+@given(S=st.integers(1, 4), T=st.integers(1, 6))
+@settings(max_examples=25, deadline=None)
+def test_canonical_codes_are_the_canonical_forms_of_all_sequences(S, T):
+    """``canonical_codes`` (restricted growth, lexicographic) is the set of ``canonical_form`` over every
+    sequence; ``tau`` is a permutation per row that maps the row to its canonical form."""
+    seqs = np.array(np.meshgrid(*[np.arange(S)] * T, indexing="ij")).reshape(T, -1).T
+    codes, tau = Y.canonical_form(seqs, S)
+    assert np.array_equal(np.unique(codes), Y.canonical_codes(S, T))
+    assert np.all(np.sort(tau, axis=1) == np.arange(S))
+    powers = S ** np.arange(T - 1, -1, -1)
+    assert np.array_equal(np.take_along_axis(tau, seqs, axis=1) @ powers, codes)
+    # canonical: each token's first occurrence in the order 0, 1, ...
+    canon = (Y.canonical_codes(S, T)[:, None] // powers) % S
+    assert np.all(canon[:, 0] == 0) and np.all(np.diff(np.maximum.accumulate(canon, axis=1), axis=1) <= 1)
+
+
+@pytest.mark.parametrize("S,T,roots", [(2, 7, "stationary"), (3, 5, "uniform"), (3, 4, "stationary"),
+                                       (4, 4, "uniform")])
+def test_orbit_table_sums_the_weight_table(S, T, roots):
+    task = continuous_task(S, T, roots)
+    orb = Y.orbit_table(task)
+    w = task.weight_table()
+    assert orb.seqs.shape == (len(Y.canonical_codes(S, T)), T) and orb.w.shape == (orb.seqs.shape[0], S)
+    assert abs(orb.w.sum() - w.sum()) <= 1e-13 * w.sum()
+    assert orb.defect <= Y.TABLE_SYM_RTOL and Y.table_reduction_applies(task)
+    # the canonical row's weights are the orbit's: n(r) times the canonical sequence's own row
+    seqs, _ = task.all_sequences()
+    powers = S ** np.arange(T - 1, -1, -1)
+    row = {int(c): i for i, c in enumerate(seqs @ powers)}
+    codes, _ = Y.canonical_form(seqs, S)
+    n = np.bincount(np.searchsorted(Y.canonical_codes(S, T), codes))
+    own = w[[row[int(c)] for c in orb.seqs @ powers]]
+    assert np.allclose(orb.w, n[:, None] * own, rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("S,T,roots,heads", [(2, 7, "stationary", (1, 1)), (3, 5, "uniform", (1, 1)),
+                                             (3, 4, "stationary", (2, 1)), (4, 4, "uniform", (1, 1))])
+@pytest.mark.parametrize("scale", [0.0, 0.5])
+def test_continuous_reduced_equals_the_full_table(S, T, roots, heads, scale):
+    """The official prior's table path, orbit-reduced along equivariant parameters, is the full table's sum
+    (the loss exactly, the gradient as ``Sym`` of it; the table is invariant to its defect)."""
+    task = continuous_task(S, T, roots)
+    model = pg.CatFormer(S, T, heads=heads)
+    p = equivariant_params(model, S * 10 + T, scale)
+    assert Y.reduction_applies(task, model, p)
+    full = pg.catformer_loss_and_grad(task, model, p, symmetry="off")
+    red = pg.catformer_loss_and_grad(task, model, p, symmetry="on")
+    assert_same(red, full, 1e-12)
+    assert pg.catformer_loss_and_grad(task, model, p).loss == red.loss  # "auto" reduces
+    assert pg.catformer_loss(task, model, p, symmetry="on") == red.loss
+    assert Y.equivariance_defect(model, CatFormerParams(red.dA, red.dW)) == 0.0
+    # against the NumPy reference (independent of both kernels)
+    ref = E.catformer_loss_and_grad_numpy(task, model, p)
+    assert_same(red, ref, 1e-11)
+
+
+def test_continuous_non_equivariant_or_non_invariant_is_never_reduced(monkeypatch):
+    task = continuous_task(3, 4)
+    model = pg.CatFormer(3, 4)
+    p = model.init(1e-3, 0)
+    assert not Y.reduction_applies(task, model, p)
+    with pytest.raises(ValueError, match="equivariant"):
+        pg.catformer_loss_and_grad(task, model, p, symmetry="on")
+    assert pg.catformer_loss_and_grad(task, model, p).loss == \
+        pg.catformer_loss_and_grad(task, model, p, symmetry="off").loss
+    # a table whose orbits disagree beyond TABLE_SYM_RTOL is read whole, and "on" says why
+    z = model.zeros()
+    off = pg.catformer_loss_and_grad(task, model, z, symmetry="off")
+    orb = Y.orbit_table(task)
+    monkeypatch.setattr(Y, "orbit_table", lambda t: orb._replace(defect=1e-6))
+    assert not Y.reduction_applies(task, model, z)
+    assert pg.catformer_loss_and_grad(task, model, z).loss == off.loss
+    with pytest.raises(ValueError, match="weight table closed under relabeling"):
+        pg.catformer_loss_and_grad(task, model, z, symmetry="on")
+    # multi-parent tasks are never reduced
+    two = pg.MultiParentTask(pg.two_parent(4), pg.DirichletTensorPrior(2, 2, 0.1))
+    assert not Y.reduction_applies(two, pg.CatFormer(2, 4), pg.CatFormer(2, 4).zeros())
+
+
+@pytest.mark.parametrize("rule", ["sgd", "adamw"])
+def test_continuous_zero_start_trajectories_with_and_without_the_reduction(rule):
+    """A zero start on the official prior: the reduced run (the one ``train_catformer`` takes) equals the full
+    table's run with its gradient projected by ``Sym``, and stays exactly equivariant."""
+    task = pg.Task(pg.chain(5), pg.DirichletPrior(3, 0.1))
+    model = pg.CatFormer(3, 5, heads=(1, 1))
+    la, Aa, Wa = _trajectory(task, model, "auto", rule)
+    lb, Ab, Wb = _trajectory(task, model, "off", rule, project=True)
+    assert np.max(np.abs(la - lb)) <= 1e-12 * np.max(np.abs(lb))
+    seqs, _ = task.all_sequences()
+    fa = model.predict(CatFormerParams(Aa, Wa), seqs)
+    fb = model.predict(CatFormerParams(Ab, Wb), seqs)
+    assert np.max(np.abs(fa - fb)) <= 1e-12
+    assert Y.equivariance_defect(model, CatFormerParams(Aa, Wa)) == 0.0 and la[-1] < la[0]
+    # the trainer takes the reduced path: its trajectory is the reduced one
+    if rule == "sgd":
+        traj = pg.train_catformer(task, model, 12, optimizer="sgd", lr=1.0, lr_schedule="constant", init="zero",
+                                  record_every=1)
+        assert np.max(np.abs(np.asarray(traj.loss)[:12] - la)) <= 1e-12 * np.max(np.abs(la))
+
+
+def test_continuous_reduced_is_the_same_for_any_thread_count():
+    code = ("import numpy as np, popgrad as pg\n"
+            "from tests.engine.test_catformer_symmetry import continuous_task, equivariant_params\n"
+            "task = continuous_task(3, 7, 'uniform'); model = pg.CatFormer(3, 7)\n"
+            "p = equivariant_params(model, 3)\n"
+            "r = pg.catformer_loss_and_grad(task, model, p, symmetry='on', options=pg.EngineOptions("
+            "catformer_rows_per_block=64))\n"
+            "print(r.loss.hex(), np.concatenate([a.ravel() for a in r.dA] + [r.dW.ravel()]).tobytes().hex())\n")
+    one, two = stdout_per_thread_count(code)
+    assert one == two and one
