@@ -6,7 +6,9 @@
     python benchmarks/bench_step_cost.py --interleaved            # the three priors' steps, interleaved
 
 One step is one exact loss-and-gradient evaluation (what a training step costs; the optimizer update is
-negligible beside it), full model (``CatFormer(3, 10)``, random tree T = 10, 59,049 sequences) and reduced
+negligible beside it), full model (``CatFormer(3, 10)``, random tree T = 10, 59,049 sequences; at random
+parameters and at zero, where the orbit reduction applies: per atom for the finite priors, on the table with
+orbit-summed weights for the continuous one, whose "table build" then includes the orbit table) and reduced
 model (S = 3, random tree T = 12, 531,441 sequences), for ``dirichlet_prior(3, 0.1, 8, 0)`` (48 atoms),
 ``dirichlet_prior(3, 0.1, 500, 0)`` (3000 atoms) and ``DirichletPrior(3, 0.1, roots="uniform")``
 (continuous; the step does not depend on the roots, the table build does). Per case, each on a fresh task:
@@ -31,7 +33,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRIORS = ("48 atoms", "3000 atoms", "continuous")
-MODELS = (("full model", 10), ("reduced", 12))
+MODELS = (("full model", 10), ("full model, zero start", 10), ("reduced", 12))
 
 
 def _prior(pg, name):
@@ -67,13 +69,16 @@ def measure(repeats=3):
     A1, A2 = rng.normal(size=(12, 12)), rng.normal(size=(3, 3))
     model = pg.CatFormer(3, 10)
     params = model.init(0.5, 0)
+    zero = model.zeros()  # equivariant: the orbit reduction (DESIGN §21), on the table for the continuous prior
+    orbit = getattr(__import__("popgrad.engine.catformer_symmetry", fromlist=["x"]), "orbit_table", None)
     prepare = getattr(_table, "prepare_table", None)  # absent before issue 28's rule: the table was built on demand
     for kind, T in MODELS:
         for name in PRIORS:
             def make():
                 task = pg.Task(pg.random_tree(T, 1, 0.5), _prior(pg, name))
-                if kind == "full model":
-                    return task, lambda: catformer_loss_and_grad(task, model, params)
+                if kind.startswith("full model"):
+                    p = zero if kind.endswith("zero start") else params
+                    return task, lambda: catformer_loss_and_grad(task, model, p)
                 return task, lambda: pg.exact_loss_and_grad(task, A1[:T, :T], A2)
 
             if name != "continuous":  # the per-atom path, forced
@@ -91,7 +96,9 @@ def measure(repeats=3):
             oneoff = _timed(call)
             pg.clear_caches()
             task, call = make()  # a training run: the table asked for up front (prepare_table), then the steps
-            build = _timed(lambda: prepare(task) if prepare is not None else task.weight_table())
+            build = _timed(lambda: (prepare(task) if prepare is not None else task.weight_table(),
+                                    orbit is not None and kind.endswith("zero start") and task.continuous
+                                    and orbit(task)))
             call()
             ts = [_timed(call) for _ in range(repeats)]
             rows.append(_row(kind, name, "rule", ts, build, oneoff))
@@ -110,6 +117,7 @@ def interleaved(rounds=15):
     A1, A2 = rng.normal(size=(12, 12)), rng.normal(size=(3, 3))
     model = pg.CatFormer(3, 10)
     params = model.init(0.5, 0)
+    zero = model.zeros()  # equivariant: the orbit reduction (DESIGN §21), on the table for the continuous prior
     print("| model | " + " | ".join(f"{n}: CPU ms (q25–q75)" for n in PRIORS) + " |")
     print("|---|" + "---|" * len(PRIORS))
     for kind, T in MODELS:
@@ -120,11 +128,13 @@ def interleaved(rounds=15):
                 _table.prepare_table(task)
             else:  # before issue 28's rule: a finite prior read the table from 64 atoms on, built on demand
                 task.weight_table()
-            calls[name] = ((lambda task=task: catformer_loss_and_grad(task, model, params)) if kind == "full model"
+            p = zero if kind.endswith("zero start") else params
+            calls[name] = ((lambda task=task, p=p: catformer_loss_and_grad(task, model, p))
+                           if kind.startswith("full model")
                            else (lambda task=task: pg.exact_loss_and_grad(task, A1[:T, :T], A2)))
             calls[name]()
         ts = {n: [] for n in calls}
-        for _ in range(rounds if kind == "full model" else 3 * rounds):
+        for _ in range(rounds if kind.startswith("full model") else 3 * rounds):
             for n, f in calls.items():
                 ts[n].append(_timed(f)[0])
         print(f"| {kind} | " + " | ".join(f"{1e3 * np.median(v):.0f} ({1e3 * np.quantile(v, 0.25):.0f}–"

@@ -166,11 +166,12 @@ def _dispatch(task, model, params, eps, want_grad, client, opts, symmetry="off")
         from . import distributed as _distributed
 
         _distributed.check_client(client)
+    table = _table.use_table(task, per_atom=True)  # the one rule (DESIGN §20): the weight table's rows
     if _use_reduction(task, model, params, symmetry):
-        if task.continuous:
+        if table:
             return _reduced_table(task, model, params, eps, want_grad, opts)
         return _reduced(task, model, params, eps, want_grad, opts)
-    if _table.use_table(task, per_atom=True):  # the one rule (DESIGN §20): the weight table's rows
+    if table:
         tjob = _ct.blocks(task, blocks(None, model, params, eps, want_grad, opts), opts)
         if client is None:
             return finish_blocks(tjob.job, _ct.run_blocks(task, tjob))

@@ -270,3 +270,26 @@ def test_continuous_reduced_is_the_same_for_any_thread_count():
             "print(r.loss.hex(), np.concatenate([a.ravel() for a in r.dA] + [r.dW.ravel()]).tobytes().hex())\n")
     one, two = stdout_per_thread_count(code)
     assert one == two and one
+
+
+def test_finite_prior_with_its_table_reduces_on_the_table():
+    """The one rule (DESIGN §20) decides the path of the reduction too: a closed finite prior with its table
+    prepared (K ≥ TABLE_MIN_ATOMS) reduces on the table (orbit-summed rows), otherwise per atom; both equal
+    the full sum."""
+    from popgrad.engine import table as _table
+
+    prior = pg.dirichlet_prior(3, 0.5, 4, seed=2, symmetrize=True)
+    assert prior.K >= _table.TABLE_MIN_ATOMS
+    model = pg.CatFormer(3, 5, heads=(1, 1))
+    p = equivariant_params(model, 7, 0.5)
+    per_atom = pg.Task(pg.random_tree(5, seed=3), prior)
+    tabled = pg.Task(pg.random_tree(5, seed=3), prior)
+    assert _table.prepare_table(tabled) and _table.use_table(tabled, per_atom=True)
+    assert not _table.use_table(per_atom, per_atom=True)
+    a = pg.catformer_loss_and_grad(per_atom, model, p, symmetry="on")
+    b = pg.catformer_loss_and_grad(tabled, model, p, symmetry="on")
+    full = pg.catformer_loss_and_grad(tabled, model, p, symmetry="off")
+    assert_same(b, full, 1e-12)
+    assert_same(a, full, 1e-12)
+    assert Y.orbit_table(tabled).defect <= 1e-14
+    assert Y.equivariance_defect(model, CatFormerParams(b.dA, b.dW)) == 0.0
