@@ -35,7 +35,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as benchmarks/run.py: thre
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
-import math  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -45,6 +44,7 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 import popgrad as pg  # noqa: E402
+from popgrad.engine import catformer_symmetry as _sym  # noqa: E402
 
 #: (S, T, heads) of the table; the first row is the issue's target.
 CASES = [(3, 10, (1, 1)), (2, 12, (2, 1)), (3, 8, (1, 1)), (2, 16, (1, 1)), (3, 10, (2, 1)), (3, 8, (1, 1, 1))]
@@ -193,6 +193,12 @@ class JaxCatFormer:
             return jax.lax.scan(body, jnp.zeros(()), (seqs, w))[0]
 
         self.fn = jax.jit(jax.value_and_grad(total))
+        # XLA's own count of one chunk's value_and_grad (compiled, after its simplifications), per sequence
+        pa = ([jnp.zeros(a.shape) for a in model.init(0.0, 0).A], jnp.zeros(model.shapes()[1]))
+        cost = jax.jit(jax.value_and_grad(chunk_loss)).lower(pa, self.seqs[0], self.w[0]).compile().cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        self.flops = float(cost.get("flops", float("nan"))) / chunk
+        self.transcendentals = float(cost.get("transcendentals", 0.0)) / chunk
 
     def __call__(self, params):
         jnp = self.jax.numpy
@@ -227,9 +233,17 @@ def bench_table(repeats, use_jax, jax_chunk, peak, equivariant=False):
             if row["diff"] > 1e-10:
                 raise RuntimeError(f"JAX and popgrad disagree at S={S} T={T} heads={heads}: {row['diff']:.3g}")
             row["t_jax"], row["cpu_jax"] = median_times(lambda: peer(params), max(1, min(repeats, 3)))
+            row["jax_flops"] = peer.flops + TRANSCENDENTAL_FLOPS * peer.transcendentals
             del peer
         rows.append(row)
         print(_row_text(row, peak), flush=True)
+        if row.get("jax_flops"):
+            # at equal flops per CPU second popgrad would be this many times faster than JAX: the speed-up
+            # that fewer operations alone buy (the rest is each side's efficiency)
+            seen = fl * (task.n_sequences if not equivariant else len(_sym.canonical_codes(S, T))) / n
+            print(f"|   | flop ratio: XLA {row['jax_flops']:.4g} flops/seq (exp/log as {TRANSCENDENTAL_FLOPS}) vs "
+                  f"popgrad {seen:.4g} per sequence-equivalent: {row['jax_flops'] / seen:.3g}×; achieved "
+                  f"{row['cpu_jax'] / row['cpu']:.3g}× (CPU) |", flush=True)
     return rows
 
 
