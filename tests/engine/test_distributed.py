@@ -246,6 +246,11 @@ def test_weight_table_paths(client, prior):
             assert r.loss == ref.loss and np.array_equal(r.dW, ref.dW)
             assert all(np.array_equal(a, b) for a, b in zip(r.dA, ref.dA))
         assert pg.catformer_loss(task, model, params, options=o, client=client) == ref.loss
+        z = model.zeros()  # equivariant: the orbit reduction on the table (DESIGN §21), the same bits with client=
+        ref = pg.catformer_loss_and_grad(task, model, z, options=o)
+        r = pg.catformer_loss_and_grad(task, model, z, options=o, client=client)
+        assert r.loss == ref.loss and np.array_equal(r.dW, ref.dW)
+        assert all(np.array_equal(a, b) for a, b in zip(r.dA, ref.dA))
         _assert_same(pg.exact_loss_and_grad(task, A1, A2, options=o, client=client),
                      pg.exact_loss_and_grad(task, A1, A2, options=o))
         big = 600.0 * np.eye(3)  # past A2's range limit: the rows path over the table
