@@ -108,9 +108,11 @@ def catformer_loss_and_grad(task, model, params, eps=None, client=None, options=
         ``prefix_block_sequences`` and ``max_blocks`` set the blocks; default :data:`popgrad.DEFAULT_OPTIONS`.
     symmetry : {"auto", "on", "off"}, default "auto"
         The exact orbit reduction (DESIGN §21, :mod:`popgrad.engine.catformer_symmetry`): ``"auto"`` uses
-        it when the prior is exactly closed under relabeling (single-parent task, ``S ≥ 2``) and ``params``
-        is relabeling-equivariant to ``EQUIV_RTOL`` (checked at every call); ``"on"`` requires it (else a
-        ValueError naming the failed condition); ``"off"`` never. The reduced sum runs in this process
+        it when the prior is exactly closed under relabeling, or continuous with a weight table invariant to
+        ``TABLE_SYM_RTOL`` (single-parent task, ``S ≥ 2``), and ``params`` is relabeling-equivariant to
+        ``EQUIV_RTOL`` (checked at every call); ``"on"`` requires it (else a ValueError naming the failed
+        condition); ``"off"`` never. Where the weight table is read (DESIGN §20) the reduced sum runs on its
+        orbit-summed rows (``orbit_table``, built once per task), else per atom; either way in this process
         (``client`` is then not used). The weight-table path (DESIGN §20) splits its blocks over ``client``
         like the per-atom path.
 
