@@ -32,7 +32,9 @@ nor on how a ``client=`` splits the range.
 batches with soft labels, weight tables): the rows kernel walks the sorted rows as the paths of a trie.
 Along relabeling-equivariant parameters on a relabeling-closed prior, :func:`catformer_loss_and_grad`
 walks the canonical sub-trie only (one sequence per orbit, weights times orbit sizes) and symmetrizes the
-gradient (DESIGN §21, :mod:`popgrad.engine.catformer_symmetry`); ``symmetry="off"`` turns that off.
+gradient (DESIGN §21, :mod:`popgrad.engine.catformer_symmetry`); on the weight-table path (the official
+continuous prior) the rows kernel runs the canonical rows with the table summed over each orbit instead;
+``symmetry="off"`` turns that off.
 
 Stable logs: the readout's log-softmax is ``(z_c - max z) - log Σ_c' e^(z_c' - max z)``; the last term
 lies in ``[0, log S]`` and is never added to a large logit, so no loss rounds below its floor.
