@@ -21,11 +21,11 @@ GRAPHS = {"chain": pg.chain, "icl": pg.icl_pairs, "random": lambda T: pg.officia
 PRIORS = ("continuous", "finite")
 
 
-def catformer_args(doc, out, T, steps, quick_help, counts=None, alpha=0.1):
+def catformer_args(doc, out, T, steps, quick_help, counts=None, alpha=0.1, table_only=False):
     """The full-model examples' command line: ``--out``, ``--quick`` (:func:`_common.parser`), ``--T``,
     ``--steps``, one integer option per ``counts`` entry (name -> default), ``--alpha``, ``--prior``
-    (``continuous``: the official prior, the default; ``finite``: ``--atoms`` draws closed under relabeling);
-    returns ``(args, output folder)``."""
+    (``continuous``: the official prior, the default; ``finite``: ``--atoms`` draws closed under relabeling),
+    and ``--table-only`` when ``table_only``; returns ``(args, output folder)``."""
     p = parser(doc, out, quick_help=quick_help)
     p.add_argument("--T", type=int, default=T)
     p.add_argument("--steps", type=int, default=steps)
@@ -36,6 +36,8 @@ def catformer_args(doc, out, T, steps, quick_help, counts=None, alpha=0.1):
                    help="continuous: the official Dirichlet(alpha) prior (default); finite: --atoms draws closed "
                         "under relabeling")
     p.add_argument("--atoms", type=int, default=None, help="--prior finite: Dirichlet draws before the closure")
+    if table_only:
+        p.add_argument("--table-only", action="store_true", help="write the table from the graphs finished so far")
     args = p.parse_args()
     return args, ensure_out(args.out)
 
