@@ -185,9 +185,11 @@ def atomic_write_text(path, text: str) -> None:
 
 
 def atomic_savez(path, **arrays) -> None:
-    """``np.savez`` to ``path`` atomically."""
+    """``np.savez`` to ``path`` atomically; SIGINT/SIGTERM wait for the archive to be complete (``deferred``: a
+    signal's exception raised inside ``zipfile``'s writer left an open member, and closing the archive then
+    raised a ValueError in its place)."""
     with atomic_path(path) as tmp:
-        with open(tmp, "wb") as fh:
+        with open(tmp, "wb") as fh, deferred():
             np.savez(fh, **arrays)
 
 

@@ -219,9 +219,17 @@ def _command(args) -> int:
                       file=sys.stderr)
                 return EXIT_DIVERGED
     except ValueError as exc:  # CLIError and OutputDirError are ValueErrors
+        sig = signal_seen()
+        if sig is not None:  # raised while a signal's exception unwound (a zip file closed mid-write, C code)
+            final_line(_interrupt_line(sig, out, args.command == "run"))
+            return 143 if sig == signal.SIGTERM else 130
         print(f"popgrad: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full disk, a folder that vanished, ...
+        sig = signal_seen()
+        if sig is not None:
+            final_line(_interrupt_line(sig, out, args.command == "run"))
+            return 143 if sig == signal.SIGTERM else 130
         where = f" {exc.filename}" if exc.filename else ""
         print(f"popgrad: error: cannot write{where}: {exc.strerror or exc}; nothing partial was left", file=sys.stderr)
         return 2

@@ -434,10 +434,14 @@ def main_sweep(args) -> int:
     try:
         df = sweep(args.spec, out=args.out, scheduler=args.scheduler, workers=args.workers, figures=args.figures,
                    progress=False if args.no_progress else None, log=say, worker_timeout=args.worker_timeout)
-    except ValueError as exc:  # CLIError, OutputDirError
-        print(f"popgrad: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # a full disk, a folder that vanished, ...
+    except (ValueError, OSError) as exc:  # CLIError, OutputDirError; a full disk, a folder that vanished, ...
+        sig = signal_seen()
+        if sig is not None:  # raised while a signal's exception unwound (a zip file closed mid-write, C code)
+            final_line(_interrupt_line(sig))
+            return 143 if sig == signal.SIGTERM else 130
+        if isinstance(exc, ValueError):
+            print(f"popgrad: error: {' '.join(str(exc).split())}", file=sys.stderr)
+            return 2
         where = f" {exc.filename}" if exc.filename else ""
         print(f"popgrad: error: cannot write{where}: {exc.strerror or exc} (finished cells are kept; rerun the same "
               "command to resume)", file=sys.stderr)
