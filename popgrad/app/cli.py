@@ -219,31 +219,30 @@ def _command(args) -> int:
                       file=sys.stderr)
                 return EXIT_DIVERGED
     except ValueError as exc:  # CLIError and OutputDirError are ValueErrors
-        sig = signal_seen()
-        if sig is not None:  # raised while a signal's exception unwound (a zip file closed mid-write, C code)
-            final_line(_interrupt_line(sig, out, args.command == "run"))
-            return 143 if sig == signal.SIGTERM else 130
+        if signal_seen() is not None:  # raised while a signal's exception unwound (a zip file closed mid-write)
+            return _signalled(signal_seen(), out, args.command == "run")
         print(f"popgrad: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full disk, a folder that vanished, ...
-        sig = signal_seen()
-        if sig is not None:
-            final_line(_interrupt_line(sig, out, args.command == "run"))
-            return 143 if sig == signal.SIGTERM else 130
+        if signal_seen() is not None:
+            return _signalled(signal_seen(), out, args.command == "run")
         where = f" {exc.filename}" if exc.filename else ""
         print(f"popgrad: error: cannot write{where}: {exc.strerror or exc}; nothing partial was left", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Terminated) as exc:
-        sig = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
-        final_line(_interrupt_line(sig, out, args.command == "run"))
-        return 143 if sig == signal.SIGTERM else 130
+        return _signalled(signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT, out,
+                          args.command == "run")
     except Exception:
-        sig = signal_seen()
-        if sig is not None:  # a signal that C code (an import, numba's compiler) turned into another error
-            final_line(_interrupt_line(sig, out, args.command == "run"))
-            return 143 if sig == signal.SIGTERM else 130
+        if signal_seen() is not None:  # a signal that C code (an import, numba's compiler) turned into another error
+            return _signalled(signal_seen(), out, args.command == "run")
         raise
     return 0
+
+
+def _signalled(sig, out, run: bool) -> int:
+    """The command's one line for signal ``sig`` and its exit status (143 for SIGTERM, 130 for SIGINT)."""
+    final_line(_interrupt_line(sig, out, run))
+    return 143 if sig == signal.SIGTERM else 130
 
 
 def _interrupt_line(sig, out, run: bool) -> str:

@@ -147,14 +147,12 @@ def _use_reduction(task, model, params, symmetry) -> bool:
         return False
     if symmetry == "auto":
         return _sym.reduction_applies(task, model, params)
-    if not (isinstance(task, Task) and 2 <= task.S <= MAX_SYMMETRY_S):
-        raise ValueError("symmetry='on' needs a single-parent task with 2 <= S <= 8 whose prior is closed under "
-                         "relabeling (e.g. FinitePrior.relabeling_closure); use symmetry='auto' or 'off'")
-    if task.continuous and not _sym.table_reduction_applies(task):
+    single = isinstance(task, Task) and 2 <= task.S <= MAX_SYMMETRY_S
+    if single and task.continuous and not _sym.table_reduction_applies(task):
         raise ValueError(f"symmetry='on' needs a weight table closed under relabeling (defect "
                          f"{_sym.orbit_table(task).defect:.3g} > TABLE_SYM_RTOL = {_sym.TABLE_SYM_RTOL:g}); "
                          "use symmetry='auto' or 'off'")
-    if not task.continuous and not exactly_closed(task.prior):
+    if not single or (not task.continuous and not exactly_closed(task.prior)):
         raise ValueError("symmetry='on' needs a single-parent task with 2 <= S <= 8 whose prior is closed under "
                          "relabeling (e.g. FinitePrior.relabeling_closure); use symmetry='auto' or 'off'")
     if not _sym.is_equivariant(model, params):
@@ -277,11 +275,7 @@ def _reduced(task, model, params, eps, want_grad, opts) -> CatFormerLossAndGrad:
     ids = _canonical_blocks(task.S, job.n_fixed)  # the other blocks are empty: run these only (balanced threads)
     job = job._replace(canon=True, orbit=orbit_sizes(task.S), ids=ids, n_blocks=len(ids),
                        parallel=use_parallel(len(ids), task.n_sequences, opts))
-    res = finish_blocks(job, run_blocks(task, job))
-    if not want_grad or not math.isfinite(res.loss):
-        return res
-    dA, dW = _sym.symmetrize_params(model, res.dA, res.dW)
-    return CatFormerLossAndGrad(res.loss, dA, dW)
+    return _symmetrized(model, finish_blocks(job, run_blocks(task, job)), want_grad)
 
 
 def _reduced_table(task, model, params, eps, want_grad, opts) -> CatFormerLossAndGrad:
@@ -291,7 +285,11 @@ def _reduced_table(task, model, params, eps, want_grad, opts) -> CatFormerLossAn
     gradient, exactly (DESIGN §21): the same numbers as the full table up to its measured defect."""
     orb = _sym.orbit_table(task)
     job = blocks(None, model, params, eps, want_grad, opts)
-    res = finish_blocks(job, _rows_partials(job, orb.seqs, orb.w, opts))
+    return _symmetrized(model, finish_blocks(job, _rows_partials(job, orb.seqs, orb.w, opts)), want_grad)
+
+
+def _symmetrized(model, res, want_grad) -> CatFormerLossAndGrad:
+    """A reduced sum's result with its gradient symmetrized (``Sym``: the same bits on every coordinate orbit)."""
     if not want_grad or not math.isfinite(res.loss):
         return res
     dA, dW = _sym.symmetrize_params(model, res.dA, res.dW)
