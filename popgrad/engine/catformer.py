@@ -11,7 +11,8 @@ Two implementations of the same sum:
 * :func:`catformer_loss_and_grad_numpy` -- the NumPy reference
   (:func:`popgrad.model.catformer.catformer_backward` over chunks of
   :meth:`task.enumerate`);
-* the numba trie engine (:mod:`popgrad.engine._kernels.catformer`, used by
+* the numba trie engine (:mod:`popgrad.engine._kernels.catformer_walk` over the per-row kernels of
+  :mod:`popgrad.engine._kernels.catformer`, used by
   :func:`catformer_loss_and_grad`): a depth-first walk of the prefix tree.
   Row ``t`` of every layer depends on ``s_0 … s_t`` only, so it is computed
   once per prefix node; the last layer is computed at the last position only
@@ -55,6 +56,7 @@ from . import catformer_table as _ct
 from . import table as _table
 from ._args import options_or_default
 from ._kernels import catformer as _kc
+from ._kernels import catformer_walk as _kw
 from ._kernels.twins import use_parallel
 from .symmetry import MAX_SYMMETRY_S, exactly_closed, orbit_sizes
 
@@ -482,7 +484,7 @@ def run_blocks(task, job, lo=0, hi=None) -> CatFormerPartials:
     npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT = weight_arrays(task)
     loss_s = np.zeros(n)
     gr_s = np.zeros((n, job.n_A + job.w_shape[0] * job.w_shape[1]))
-    kernel = _kc.run_blocks if job.parallel and n > 1 else _kc.run_blocks_serial
+    kernel = _kw.run_blocks if job.parallel and n > 1 else _kw.run_blocks_serial
     orbit = np.ones(job.sizes.S + 1) if job.orbit is None else job.orbit
     ids = np.arange(job.n_blocks, dtype=np.int64) if job.ids is None else job.ids
     kernel(lo, ids, job.n_fixed, job.sizes, job.hinfo, job.prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,

@@ -1,6 +1,6 @@
 """The full model's trie kernel: a parent's leaves as one group (last layer as products) and the canonical walk
 (orbit reduction in the trie), against the NumPy reference, finite differences and across block layouts
-(popgrad/engine/_kernels/catformer.py ``_leaf_group``, ``_block``; DESIGN §18, §21)."""
+(popgrad/engine/_kernels/catformer_walk.py ``_leaf_group``, ``_block``; DESIGN §18, §21)."""
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
