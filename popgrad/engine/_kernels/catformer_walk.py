@@ -25,23 +25,21 @@ one slot each.
 import numpy as np
 from numba import njit, prange
 
-from .catformer import U, _node_backward, _node_forward
+from .catformer import U, _node_backward, _node_backward_inline, _node_forward, _node_forward_inline
 from .twins import twins
 
 
-@njit(cache=True, error_model="numpy")
-def _enter_weights(t, s, S, npar, par, roff, ftabT, pk):
+@njit(cache=True, error_model="numpy", inline="always")
+def _enter_weights(t, s, S, npar, par, roff, ff, K, pf):
     """``pk[t+1, k] = pk[t, k] · ftab[k, row_t(s), s_t]``; return whether any product is positive.
 
-    ``ftabT[row, token, k]`` is the factor table with the atoms last (contiguous products).
+    ``ff`` is the factor table ``ftab[row, token, k]`` with the atoms last (contiguous products), flat;
+    ``pf`` the products ``pk (T + 1, K)``, flat (no views in the walk: each costs reference counts).
     """
     r = 0  # the parents' flat row: Σ_h s[par_h] S^{n-1-h}
     for h in range(npar[t]):
         r = r * S + s[par[t, h]]
-    K = U(pk.shape[1])
     fo = (U(roff[t] + r) * U(S) + U(s[t])) * K
-    ff = ftabT.reshape(-1)
-    pf = pk.reshape(-1)
     src = U(t) * K
     dst = src + K
     alive = False
@@ -53,25 +51,20 @@ def _enter_weights(t, s, S, npar, par, roff, ftabT, pk):
     return alive
 
 
-@njit(cache=True, error_model="numpy")
-def _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, Wl, coef):
+@njit(cache=True, error_model="numpy", inline="always")
+def _leaf_table(s, S, T, npar, par, roff, ff, K, pf, tnpar, tpar, troff, tt, Wl, coef):
     """``Wl[q, c] = w(s_0 … s_{T-2} q, c)`` for every last token ``q`` (once per parent of leaves).
 
     ``Wl[q, c] = Σ_k pk[T-1, k] ftab[k, row_{T-1}, q] ttab[k, r_tp(q), c]`` with the tables atoms-last
-    (``ftabT``, ``ttabT``); the sum over atoms in four interleaved partial sums.
+    (``ff``, ``tt``, flat, as the products ``pf``); the sum over atoms in four interleaved partial sums.
     """
     t = T - 1
     r = 0
     for h in range(npar[t]):
         r = r * S + s[par[t, h]]
     row = U(roff[t] + r)
-    K = U(pk.shape[1])
     nS = U(Wl.shape[1])
     Su = U(S)
-    ff = ftabT.reshape(-1)
-    tt = ttabT.reshape(-1)
-    pf = pk.reshape(-1)
-    Wf = Wl.reshape(-1)
     src = U(t) * K
     for q_ in range(S):
         q = U(q_)
@@ -99,7 +92,7 @@ def _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, 
             while k < K:
                 a0 += coef[k] * tt[to + k]
                 k += U(1)
-            Wf[q * nS + c] = (a0 + a1) + (a2 + a3)
+            Wl[q, c] = (a0 + a1) + (a2 + a3)
 
 
 # ====================================================================== the leaves of one parent, grouped
@@ -196,7 +189,7 @@ def _leaf_group(q_lo, q_hi, z, s, hinfo, prm, F, gr, Wl, Q, qs, eps, softmax_rea
             continue
         i = U(G)
         s[t_] = q
-        _node_forward(t_, z, s, hinfo, prm, F)  # (the input's one-hots in H are never read: not set here)
+        _node_forward_inline(t_, z, s, hinfo, prm, F)  # (the input's one-hots in H are never read: not set here)
         for a in range(dw):
             Q[oHQ + i * dw + a] = F[ht + a]
         for g_ in range(n_inner):
@@ -457,7 +450,7 @@ def _leaf_group(q_lo, q_hi, z, s, hinfo, prm, F, gr, Wl, Q, qs, eps, softmax_rea
         for xx in range(nl * S):
             F[z.ohw + t * nl * S + xx] = Q[ohwQ + i * nl * S + xx]
             F[z.oGhw + t * nl * S + xx] = Q[oGhwQ + i * nl * S + xx]
-        _node_backward(t_, z, s, hinfo, prm, F, gr)
+        _node_backward_inline(t_, z, s, hinfo, prm, F, gr)
     return loss
 
 
@@ -489,16 +482,19 @@ def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, 
     """
     T, S, dw = np.int64(z.T), np.int64(z.S), np.int64(z.dw)  # signed: the walk's few accesses
     K = pk0.shape[0]
+    Ku = U(K)
+    ff = ftabT.reshape(-1)  # flat once per block: the walk creates no views
+    tt = ttabT.reshape(-1)
     oH = 0
     F = np.zeros(np.int64(z.size))
     Q = np.zeros(group_size(S, T, dw, np.int64(z.n_heads), np.int64(z.d_max), np.int64(z.n_slots)))
     qs = np.zeros(S, dtype=np.int64)
     s = np.zeros(T, dtype=np.int64)
-    pk = np.zeros((T + 1, K))
+    pk = np.zeros((T + 1) * K)  # pk[t, k] at t·K + k
     Wl = np.zeros((S, S))
     coef = np.zeros(K)
     for k in range(K):
-        pk[0, k] = pk0[k]
+        pk[k] = pk0[k]
     rem = b
     for t in range(n_fixed - 1, -1, -1):
         s[t] = rem % S
@@ -513,12 +509,12 @@ def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, 
     n_inner_fixed = min(n_fixed, T - 1)  # fixed nodes above the leaves
     for t in range(n_inner_fixed):
         F[oH + t * dw + s[t]] = 1.0
-        if not _enter_weights(t, s, S, npar, par, roff, ftabT, pk):
+        if not _enter_weights(t, s, S, npar, par, roff, ff, Ku, pk):
             return 0.0
         _node_forward(t, z, s, hinfo, prm, F)
     loss = 0.0
     if n_fixed >= T - 1:  # the block is (part of) one parent's leaves
-        _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, Wl, coef)
+        _leaf_table(s, S, T, npar, par, roff, ff, Ku, pk, tnpar, tpar, troff, tt, Wl, coef)
         if canon:
             _orbit_weights(mx[T - 1], S, orbit, Wl)
         q_lo, q_hi = (s[T - 1], s[T - 1] + 1) if n_fixed == T else (0, min(S, mx[T - 1] + 2) if canon else S)
@@ -529,21 +525,21 @@ def _block(b, n_fixed, z, hinfo, prm, npar, par, roff, ftabT, pk0, tnpar, tpar, 
         while True:
             F[oH + t * dw + s[t]] = 1.0
             mx[t + 1] = max(mx[t], s[t])
-            if _enter_weights(t, s, S, npar, par, roff, ftabT, pk):
-                _node_forward(t, z, s, hinfo, prm, F)
+            if _enter_weights(t, s, S, npar, par, roff, ff, Ku, pk):
+                _node_forward_inline(t, z, s, hinfo, prm, F)
                 if t < T - 2:
                     t += 1
                     s[t] = 0
                     continue
                 # a parent of leaves: its leaves together, then its own row (after all its children)
-                _leaf_table(s, S, T, npar, par, roff, ftabT, pk, tnpar, tpar, troff, ttabT, Wl, coef)
+                _leaf_table(s, S, T, npar, par, roff, ff, Ku, pk, tnpar, tpar, troff, tt, Wl, coef)
                 q_hi = S
                 if canon:
                     _orbit_weights(mx[T - 1], S, orbit, Wl)
                     q_hi = min(S, mx[T - 1] + 2)
                 loss += _leaf_group(0, q_hi, z, s, hinfo, prm, F, gr, Wl, Q, qs, eps, softmax_readout, want_grad)
                 if want_grad:
-                    _node_backward(t, z, s, hinfo, prm, F, gr)
+                    _node_backward_inline(t, z, s, hinfo, prm, F, gr)
             # next node: the next sibling, or up (a parent is back-propagated after its last child)
             done = False
             while True:
