@@ -507,7 +507,7 @@ run_rows, run_rows_serial = twins(_run_rows_body)
 #: The two node passes inlined where they run once per leaf group or per leaf (the walk's loop and
 #: :func:`popgrad.engine._kernels.catformer_walk._leaf_group`): a call passes its arrays with atomic
 #: reference-count updates, 11 % of a general gradient at ``S = 3, T = 10`` (perf, DESIGN §18); inlined there
-#: the walk is about 1.12× faster, bit for bit the same. The other calls (once per block or per inner node going
+#: the walk is 1.09–1.12× faster, bit for bit the same. The other calls (once per block or per inner node going
 #: up, the explicit-rows walk) stay calls: each inlined copy adds compile time (the first call of the walk and
 #: the rows: 58 → 91 s CPU on a cold cache). Never called from Python, so not cached (their code is compiled
 #: into the caller's).
