@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import os
 import platform
+import secrets
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -128,23 +129,44 @@ def memory_limit() -> int | None:
 def atomic_path(path):
     """Yield a temporary path beside ``path``; on success ``os.replace`` it into place.
 
-    On any exception the temporary file is removed and ``path`` is untouched.
+    On any exception the temporary file is removed and ``path`` is untouched. Its removal is armed from
+    before the file exists to after the rename (the name is drawn first, then created exclusively): a signal
+    between two bytecodes, or the watchdog ending a command stuck in C (a slow ``fsync`` on a busy disk),
+    never leaves it behind.
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     suffix = os.path.splitext(path)[1]
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=suffix, dir=folder)
-    os.close(fd)
-    try:
-        with on_emergency(lambda: _unlink_quietly(tmp)):
+    mine = []  # the temporary file, once this call owns its name
+
+    def remove():
+        for name in mine:
+            _unlink_quietly(name)
+
+    with on_emergency(remove):
+        try:
+            _create_temporary(folder, suffix, mine)
+            tmp = mine[0]
             yield tmp
-        os.chmod(tmp, _default_mode())
-        _fsync_file(tmp)
-        os.replace(tmp, path)
-        _fsync_dir(folder)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+            os.chmod(tmp, _default_mode())
+            _fsync_file(tmp)
+            os.replace(tmp, path)
+            _fsync_dir(folder)
+        finally:
+            remove()
+
+
+def _create_temporary(folder, suffix, mine) -> None:
+    """Create ``folder/.tmp-<random><suffix>`` exclusively (mode 0600), its name put in ``mine`` first."""
+    for _ in range(100):
+        name = os.path.join(folder, f".tmp-{secrets.token_hex(8)}{suffix}")
+        mine[:] = [name]  # armed before it exists: a signal after the creation still removes it
+        try:
+            os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            return
+        except FileExistsError:  # another file's name (2^-64): not ours to remove
+            mine.clear()
+    raise FileExistsError(errno.EEXIST, f"no free temporary name in {folder}")
 
 
 def _unlink_quietly(path) -> None:

@@ -216,3 +216,62 @@ def test_a_forked_child_does_not_feed_the_parents_watchdog(tmp_path):
     """, tmp_path)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0 and out.decode().strip() == "parent alive", (p.returncode, out, err)
+
+
+def test_the_watchdog_during_a_slow_fsync_removes_the_temporary_file(tmp_path):
+    """CI once found ``.tmp-….npz`` beside ``checkpoint.npz`` after SIGTERM (143, no traceback): the signal came
+    while ``atomic_path`` flushed the finished file (``fsync`` on a busy disk, a C call) after its emergency
+    cleanup had been removed, and the watchdog ended the command. The cleanup now stays armed to the rename."""
+    out = tmp_path / "run"
+    out.mkdir()
+    p = _start(f"""
+        import popgrad._io as _io
+        def slow_fsync(path):
+            print("ready", flush=True)
+            {STUCK}
+        _io._fsync_file = slow_fsync
+        with _signals.cli_session(), _signals.watchdog():
+            with atomic_path(os.path.join(out, "checkpoint.npz")) as tmp:
+                open(tmp, "w").write("complete")
+        print("not reached", flush=True)
+    """, out)
+    rc, latency, err = _signal_and_wait(p, signal.SIGTERM)
+    assert rc == 143, err
+    assert latency < LATENCY, latency
+    assert os.listdir(out) == [], os.listdir(out)
+
+
+def test_a_signal_right_after_the_temporary_file_is_created_removes_it(tmp_path):
+    """The name is armed for removal before the file exists: SIGTERM delivered as the creation returns (here
+    raised from a patched ``os.close``, the first bytecode after it) leaves nothing behind."""
+    out = tmp_path / "run"
+    out.mkdir()
+    p = _start("""
+        import signal
+        import popgrad._io as _io
+        real_close = os.close
+        class Os:
+            def __getattr__(self, name):
+                return getattr(os, name)
+            @staticmethod
+            def close(fd):
+                real_close(fd)
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+        with _signals.cli_session(), _signals.watchdog():
+            print("ready", flush=True)
+            _io.os = Os()
+            try:
+                with atomic_path(os.path.join(out, "checkpoint.npz")) as tmp:
+                    open(tmp, "w").write("complete")
+            except _signals.Terminated:
+                sys.exit(143)  # what the command's main does
+        print("not reached", flush=True)
+    """, out)
+    try:
+        p.wait(30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        pytest.fail("the command outlived the signal by 30 s")
+    assert p.returncode == 143, p.stderr.read().decode()
+    assert os.listdir(out) == [], os.listdir(out)
