@@ -101,6 +101,9 @@ from .train.optim import Optimizer
 from . import checks
 from .checks.symmetry_breaking import follow_symmetric_start, head_ablation, positional_margins, symmetric_start
 from . import _compat
+from .engine._kernels.cache import refresh_stale_indexes as _refresh_stale_indexes
+
+_refresh_stale_indexes()  # before any kernel runs: cached kernels whose callees changed are compiled afresh
 
 #: Deprecated alias of :class:`LossAndGrad` (one result type serves every task kind).
 MultiLossAndGrad = LossAndGrad

@@ -263,7 +263,7 @@ def _rows_partials(job, seqs, w, opts) -> CatFormerPartials:
     n_blocks = max(1, -(-n // per))
     loss_s = np.zeros(n_blocks)
     gr_s = np.zeros((n_blocks, job.n_A + job.w_shape[0] * job.w_shape[1]))
-    kernel = _kc.run_rows if use_parallel(n_blocks, n, opts) else _kc.run_rows_serial
+    kernel = _kw.run_rows if use_parallel(n_blocks, n, opts) else _kw.run_rows_serial
     kernel(seqs, w, per, job.sizes, job.hinfo, job.prm, job.eps, job.softmax_readout, job.want_grad, loss_s, gr_s)
     return CatFormerPartials(loss_s, gr_s)
 

@@ -6,8 +6,10 @@
 * :mod:`.multi` -- the k-head engine's block;
 * :mod:`.ranges` -- the entries that run a range of the direct or k-head engine's blocks (``run_blocks``);
 * :mod:`.field` -- the Stage-1 field (enumeration and count generating functions);
-* :mod:`.catformer` -- the full model's per-row pieces, one leaf and the explicit-rows walk (DESIGN §18);
-* :mod:`.catformer_walk` -- the full model's enumeration trie, its leaf groups and the canonical walk (§18, §21);
+* :mod:`.catformer` -- the full model's per-row pieces (DESIGN §18);
+* :mod:`.catformer_leaves` -- the leaves of one parent, grouped (§18);
+* :mod:`.catformer_walk` -- the full model's two walks: the enumeration trie (and its canonical walk, §21) and
+  explicit rows;
 * :mod:`.catformer_rows` -- the full model's sampled-batch kernel (§23);
-* :mod:`.cache` -- whether numba's on-disk cache already holds these kernels.
+* :mod:`.cache` -- whether numba's on-disk cache already holds these kernels, and its freshness across modules.
 """

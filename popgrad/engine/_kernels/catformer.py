@@ -26,15 +26,13 @@ the hot path passes a handful of arrays and creates no views.
   row and last-layer head, computed once per prefix node).
 
 The pieces every walk shares: a node's row ``t`` of layers ``1 … L-1`` and ``hw[t]``
-(:func:`_node_forward`), its reverse pass from the adjoints ``G[t]``, ``Ghw[t]`` accumulated by its
+(:func:`_node_forward`) and its reverse pass from the adjoints ``G[t]``, ``Ghw[t]`` accumulated by its
 subtree (:func:`_node_backward`: a node back-propagates its own row once, after all its children, into
-the parameters and the rows above it), and one leaf's last layer, readout and loss (:func:`_leaf`).
-Two walks use them: the enumeration trie (:mod:`popgrad.engine._kernels.catformer_walk`) and the explicit
-rows of a sample or a weight table (:func:`run_rows`, below: sorted rows share their prefixes).
+the parameters and the rows above it). The leaves of one parent run together
+(:mod:`popgrad.engine._kernels.catformer_leaves`); two walks use both: the enumeration trie and the
+explicit rows of a sample or a weight table (:mod:`popgrad.engine._kernels.catformer_walk`).
 
-``cache=True``, no ``fastmath``; :func:`run_rows` (parallel) and :func:`run_rows_serial` (one body,
-:func:`popgrad.engine._kernels.twins.twins`) run the same blocks of rows into one slot each;
-:func:`sum_slots` adds slots in block order.
+``cache=True``, no ``fastmath``; :func:`sum_slots` adds a walk's slots in block order.
 """
 from typing import NamedTuple
 
@@ -59,8 +57,8 @@ class Layout(NamedTuple):
     the regions of the workspace ``F``: ``oH`` rows ``H (T, dw)``, ``oHt`` their transpose, ``oG`` the
     adjoints ``G (T, dw)``, ``oPr`` the attention rows ``(T, n_heads, T)``, ``oU`` the query vectors
     ``(T, n_heads, d_max)``, ``ohw``/``oGhw`` ``hw (T, n_slots, S)`` and its adjoint, then the scratch
-    ``odP (T)``, ``odzs (T)``, ``odu (d_max)``, ``oo (d_max)``, ``oz (S)``, ``odz (S)``, ``owv (S)`` (the leaf's
-    weights); ``size`` the whole workspace.
+    ``odP (T)``, ``odzs (T)`` (a row's attention adjoints), ``odu (d_max)``, ``oo (d_max)``; ``size`` the whole
+    workspace (a leaf's own scratch is :func:`popgrad.engine._kernels.catformer_leaves._leaf_group`'s).
     """
 
     T: np.uint64
@@ -86,9 +84,6 @@ class Layout(NamedTuple):
     odzs: np.uint64
     odu: np.uint64
     oo: np.uint64
-    oz: np.uint64
-    odz: np.uint64
-    owv: np.uint64
     size: np.uint64
 
 
@@ -100,7 +95,7 @@ def make_sizes(T, S, d0, dl1, n_heads, d_max, n_last, dL, n_A, n_inner) -> Layou
     o = 0
     for name, size in (("oH", T * dw), ("oHt", dw * T), ("oG", T * dw), ("oPr", T * n_heads * T),
                        ("oU", T * n_heads * d_max), ("ohw", T * nl * S), ("oGhw", T * nl * S), ("odP", T),
-                       ("odzs", T), ("odu", d_max), ("oo", d_max), ("oz", S), ("odz", S), ("owv", S)):
+                       ("odzs", T), ("odu", d_max), ("oo", d_max)):
         off[name] = U(o)
         o += size
     return Layout(U(T), U(S), U(d0), U(dw), U(n_heads), U(d_max), U(nl), U(dL), U(n_A), U(dl1), np.int64(n_inner),
@@ -108,11 +103,9 @@ def make_sizes(T, S, d0, dl1, n_heads, d_max, n_last, dL, n_A, n_inner) -> Layou
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _row_forward(t_, g_, z, s, hinfo, prm, F, write_out):
-    """Row ``t`` of head ``g``: ``u = H[t] Ã``, scores ``z_j = u · H[j]`` (``j ≤ t``), softmax, output.
-
-    The output ``Σ_j P_j H[j, :d_in]`` goes to ``H[t, out : out + d_in]`` and ``Ht`` when ``write_out``.
-    """
+def _row_forward(t_, g_, z, s, hinfo, prm, F):
+    """Row ``t`` of head ``g`` below the last layer: ``u = H[t] Ã``, scores ``z_j = u · H[j]`` (``j ≤ t``),
+    softmax, and the output ``Σ_j P_j H[j, :d_in]`` into ``H[t, out : out + d_in]`` and ``Ht``."""
     T, S, d0, dw, nh, dmax = z.T, z.S, z.d0, z.dw, z.n_heads, z.d_max
     t, g = U(t_), U(g_)
     din = U(hinfo[g, 1])
@@ -151,20 +144,19 @@ def _row_forward(t_, g_, z, s, hinfo, prm, F, write_out):
     inv = 1.0 / tot
     for j in range(n):
         F[p0 + j] *= inv
-    if write_out:
-        for a in range(din):
-            F[z.oo + a] = 0.0
-        for j in range(n):
-            p = F[p0 + j]
-            F[z.oo + U(s[j])] += p
-            F[z.oo + S + j] += p
-            hj = z.oH + j * dw
-            for a in range(d0, din):
-                F[z.oo + a] += p * F[hj + a]
-        for a in range(din):
-            v = F[z.oo + a]
-            F[h0 + out + a] = v
-            F[z.oHt + (out + a) * T + t] = v
+    for a in range(din):
+        F[z.oo + a] = 0.0
+    for j in range(n):
+        p = F[p0 + j]
+        F[z.oo + U(s[j])] += p
+        F[z.oo + S + j] += p
+        hj = z.oH + j * dw
+        for a in range(d0, din):
+            F[z.oo + a] += p * F[hj + a]
+    for a in range(din):
+        v = F[z.oo + a]
+        F[h0 + out + a] = v
+        F[z.oHt + (out + a) * T + t] = v
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -234,7 +226,7 @@ def _node_forward(t_, z, s, hinfo, prm, F):
     T, S, d0, dw, nh, dmax, nl = z.T, z.S, z.d0, z.dw, z.n_heads, z.d_max, z.n_slots
     nA, dl1, n_inner, last0, n_last = z.n_A, z.dl1, z.n_inner, z.n_inner, z.n_last
     for g in range(n_inner):
-        _row_forward(t_, g, z, s, hinfo, prm, F, True)
+        _row_forward(t_, g, z, s, hinfo, prm, F)
     t = U(t_)
     oW = U(2) * nA
     h0 = z.oH + t * dw
@@ -315,115 +307,6 @@ def _node_backward(t_, z, s, hinfo, prm, F, gr):
             F[k0 + c] = 0.0
 
 
-@njit(cache=True, error_model="numpy")
-def _leaf(z, s, hinfo, prm, F, gr, eps, softmax_readout, want_grad):
-    """Last position: the last layer's row ``T-1``, readout, loss ``-Σ_c w_c log(f_c + ε)``, its backward.
-
-    The leaf's weights ``w(s, ·)`` are in ``F[z.owv:]``. Returns the leaf's loss; the caller back-propagates
-    the row ``T-1`` itself (:func:`_node_backward`).
-    """
-    T, S, d0, dw, nh, dmax, nl = z.T, z.S, z.d0, z.dw, z.n_heads, z.d_max, z.n_slots
-    dL, nA, dl1, n_inner, last0, n_last = z.dL, z.n_A, z.dl1, z.n_inner, z.n_inner, z.n_last
-    oW = U(2) * nA
-    oWT = oW + dL * S
-    t_ = np.int64(z.T) - 1
-    t = T - U(1)
-    h0 = z.oH + t * dw
-    g0 = z.oG + t * dw
-    st = U(s[t])
-    tot_w = 0.0
-    for c in range(S):
-        tot_w += F[z.owv + c]
-    for k in range(n_last):
-        _row_forward(t_, last0 + k, z, s, hinfo, prm, F, False)
-    for c in range(S):
-        F[z.oz + c] = prm[oW + st * S + c] + prm[oW + (S + t) * S + c]
-    for a in range(d0, dl1):
-        x = F[h0 + a]
-        if x != 0.0:
-            for c in range(S):
-                F[z.oz + c] += x * prm[oW + a * S + c]
-    for k_ in range(n_last):
-        k = U(k_)
-        p0 = z.oPr + (t * nh + U(last0) + k) * T
-        for j in range(T):
-            p = F[p0 + j]
-            k0 = z.ohw + (j * nl + k) * S
-            for c in range(S):
-                F[z.oz + c] += p * F[k0 + c]
-    loss = 0.0
-    if softmax_readout:
-        m = F[z.oz]
-        for c in range(U(1), S):
-            if F[z.oz + c] > m:
-                m = F[z.oz + c]
-        for c in range(S):  # shifted logits z_c - max (exact), so log f_c = (z_c - m) - log Σ e^(z - m)
-            F[z.oz + c] -= m
-        tot = 0.0
-        for c in range(S):
-            tot += np.exp(F[z.oz + c])
-        lt = np.log(tot)  # in [0, log S]: never added to a large logit, so log f_c cannot round to 0
-        if eps == 0.0:  # cross entropy as a log-softmax
-            for c in range(S):
-                wc = F[z.owv + c]
-                if wc > 0.0:
-                    loss -= wc * (F[z.oz + c] - lt)
-                F[z.odz + c] = np.exp(F[z.oz + c] - lt) * tot_w - wc
-        else:
-            rbar = 0.0
-            for c in range(S):
-                f = np.exp(F[z.oz + c] - lt)
-                wc = F[z.owv + c]
-                if wc > 0.0:
-                    loss -= wc * np.log(f + eps)
-                    F[z.odz + c] = -wc / (f + eps)
-                else:
-                    F[z.odz + c] = 0.0
-                rbar += f * F[z.odz + c]
-            for c in range(S):
-                F[z.odz + c] = np.exp(F[z.oz + c] - lt) * (F[z.odz + c] - rbar)
-    else:
-        for c in range(S):
-            wc = F[z.owv + c]
-            if wc > 0.0:
-                loss -= wc * np.log(F[z.oz + c] + eps)
-                F[z.odz + c] = -wc / (F[z.oz + c] + eps)
-            else:
-                F[z.odz + c] = 0.0
-    if not want_grad:
-        return loss
-    # readout z = H[t] W[:dl1] + Σ_k Σ_j P^k_j hw[j, k]
-    for c in range(S):
-        gr[nA + st * S + c] += F[z.odz + c]
-        gr[nA + (S + t) * S + c] += F[z.odz + c]
-    for a in range(d0, dl1):
-        x = F[h0 + a]
-        if x != 0.0:
-            for c in range(S):
-                gr[nA + a * S + c] += x * F[z.odz + c]
-    for c in range(S):
-        gc = F[z.odz + c]
-        w0 = oWT + c * dL
-        for a in range(d0, dl1):
-            F[g0 + a] += gc * prm[w0 + a]
-    for k_ in range(n_last):
-        k = U(k_)
-        g = last0 + k_
-        p0 = z.oPr + (t * nh + U(g)) * T
-        for j in range(T):
-            p = F[p0 + j]
-            k0 = z.ohw + (j * nl + k) * S
-            q0 = z.oGhw + (j * nl + k) * S
-            v = 0.0
-            for c in range(S):
-                v += F[z.odz + c] * F[k0 + c]
-                F[q0 + c] += p * F[z.odz + c]
-            F[z.odP + j] = v
-        _softmax_backward(t_, g, z, F)
-        _scores_backward(t_, g, z, s, hinfo, prm, F, gr)
-    return loss
-
-
 @njit(cache=True)
 def sum_slots(loss_out, gr_out):
     """Add the slots in block order into slot 0 (thread-count independent); return the total loss."""
@@ -444,64 +327,6 @@ def sum_loss(loss_out):
     return loss
 
 
-# ====================================================================== explicit rows (sampled, weight tables)
-@njit(cache=True, error_model="numpy")
-def _rows_block(lo, hi, seqs, w, z, hinfo, prm, eps, softmax_readout, want_grad, gr):
-    """Rows ``lo … hi-1`` of ``seqs`` with weights ``w``: their loss; adds their gradient into ``gr``.
-
-    The rows are walked as the paths of a trie: a row that shares its first ``p`` tokens with the
-    previous one reuses that row's forward rows ``0 … p-1`` (rows ``≥ p`` of the previous path are
-    back-propagated first, a node always after all its children), so sorted rows cost what the
-    trie of their prefixes costs. A row whose weights are all zero contributes nothing and is skipped.
-    """
-    T, S, dw = np.int64(z.T), np.int64(z.S), np.int64(z.dw)  # signed: the walk's few accesses
-    owv = np.int64(z.owv)
-    F = np.zeros(np.int64(z.size))
-    s = np.zeros(T, dtype=np.int64)
-    for t in range(T):  # x̃_t: the position one-hot is fixed
-        F[t * dw + S + t] = 1.0
-    loss = 0.0
-    depth = 0  # positions 0 … depth-1 of s hold a path whose rows are computed (and not yet back-propagated)
-    for r in range(lo, hi):
-        alive = False
-        for c in range(S):
-            if w[r, c] != 0.0:
-                alive = True
-        if not alive:
-            continue
-        p = 0
-        while p < depth and p < T - 1 and seqs[r, p] == s[p]:
-            p += 1
-        for t in range(depth - 1, p - 1, -1):  # leave the previous path down to the shared prefix
-            if want_grad and t < T - 1:  # row T-1 was back-propagated right after its leaf
-                _node_backward(t, z, s, hinfo, prm, F, gr)
-            F[t * dw + s[t]] = 0.0
-        for t in range(p, T):
-            s[t] = seqs[r, t]
-            F[t * dw + s[t]] = 1.0
-            _node_forward(t, z, s, hinfo, prm, F)
-        depth = T
-        for c in range(S):
-            F[owv + c] = w[r, c]
-        loss += _leaf(z, s, hinfo, prm, F, gr, eps, softmax_readout, want_grad)
-        if want_grad:
-            _node_backward(T - 1, z, s, hinfo, prm, F, gr)
-    if want_grad:
-        for t in range(min(depth, T - 1) - 1, -1, -1):
-            _node_backward(t, z, s, hinfo, prm, F, gr)
-    return loss
-
-
-def _run_rows_body(seqs, w, rows_per_block, z, hinfo, prm, eps, softmax_readout, want_grad, loss_out, gr_out):
-    """Block ``b`` = rows ``b·rows_per_block …`` into slot ``b`` (``loss_out[b]``, ``gr_out[b] = [dA | dW]``)."""
-    n = seqs.shape[0]
-    for b in prange(loss_out.shape[0]):
-        lo = b * rows_per_block
-        hi = min(n, lo + rows_per_block)
-        loss_out[b] = _rows_block(lo, hi, seqs, w, z, hinfo, prm, eps, softmax_readout, want_grad, gr_out[b])
-
-
-run_rows, run_rows_serial = twins(_run_rows_body)
 
 
 #: The two node passes inlined where they run once per leaf group or per leaf (the walk's loop and
