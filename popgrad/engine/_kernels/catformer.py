@@ -37,9 +37,7 @@ explicit rows of a sample or a weight table (:mod:`popgrad.engine._kernels.catfo
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit, prange
-
-from .twins import twins
+from numba import njit
 
 
 #: Index type of the hot loops: numba wraps negative *signed* indices (a compare-and-add per access, which
