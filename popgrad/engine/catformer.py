@@ -355,7 +355,7 @@ class CatFormerJob(NamedTuple):
     """One evaluation, decided (the block protocol of :mod:`popgrad.engine.blocks`): the model's flat arrays
     and the block structure.
 
-    ``sizes`` is a :class:`popgrad.engine._kernels.catformer.Sizes` (the kernels' named sizes);
+    ``sizes`` is a :class:`popgrad.engine._kernels.catformer.Layout` (the kernels' named sizes and offsets);
     ``hinfo[g] = (layer, d_in, out offset, offset in Af)`` for the heads in global order (layer by layer;
     the last layer's heads last); ``prm = [Af | AfT | W | WT]`` flat (``AfT`` every head's ``Ãᵀ``);
     ``a_shapes`` the shapes of ``params.A`` (to unflatten the gradient). ``canon``: the blocks walk the
