@@ -49,6 +49,22 @@ def test_rows_kernel_equals_numpy_reference(case):
 
 
 @given(row_cases())
+@settings(max_examples=25, deadline=None)
+def test_rows_kernel_in_any_row_order_equals_numpy_reference(case):
+    """The kernel itself on unsorted rows (the public functions sort first): consecutive rows with one parent
+    form a leaf group and a row whose last token the group already holds starts a new one, so repeats that
+    are not adjacent are never merged or dropped."""
+    model, params, seqs, w, eps, per = case
+    seqs, w, params, eps, opts = E._validate_rows(seqs, w, model, params, eps,
+                                                  pg.EngineOptions(catformer_rows_per_block=per))
+    job = E.blocks(None, model, params, eps, True, opts)
+    order = np.random.default_rng(len(seqs)).permutation(len(seqs))
+    seqs, w = np.ascontiguousarray(seqs[order]), np.ascontiguousarray(w[order])
+    r = E.finish_blocks(job, E._rows_partials(job, seqs, w, opts))
+    assert_same(r, E.catformer_rows_loss_and_grad_numpy(seqs, w, model, params, eps))
+
+
+@given(row_cases())
 @settings(max_examples=10, deadline=None)
 def test_rows_gradient_equals_finite_differences(case):
     model, params, seqs, w, eps, _ = case

@@ -229,9 +229,9 @@ def _rows_block(lo, hi, seqs, w, z, hinfo, prm, eps, softmax_readout, want_grad,
     previous one reuses that row's forward rows ``0 … p-1`` (rows ``≥ p`` of the previous path are
     back-propagated first, a node always after all its children), so sorted rows cost what the
     trie of their prefixes costs. Consecutive rows with one parent (the first ``T-1`` tokens) are one
-    leaf group (:func:`_leaf_group`, their weights by last token); a repeated row starts a new group on the
-    same path (every row is its own leaf, as in the NumPy reference). A row whose weights are all zero
-    contributes nothing and is skipped.
+    leaf group (:func:`_leaf_group`, their weights by last token); a row whose last token the pending group
+    already holds (a repeated row) starts a new group on the same path, so every row is its own leaf, as in
+    the NumPy reference. A row whose weights are all zero contributes nothing and is skipped.
     """
     T, S, dw = np.int64(z.T), np.int64(z.S), np.int64(z.dw)  # signed: the walk's few accesses
     F = np.zeros(np.int64(z.size))
@@ -244,7 +244,6 @@ def _rows_block(lo, hi, seqs, w, z, hinfo, prm, eps, softmax_readout, want_grad,
     loss = 0.0
     depth = 0  # positions 0 … depth-1 of s hold a path whose rows are computed (and not yet back-propagated)
     pending = False  # Wl holds the weights of leaves of the current path (depth T-1) not yet run
-    last_q = 0  # the last token of the last pending leaf (rows are sorted: a repeat follows its twin)
     for r in range(lo, hi):
         alive = False
         for c in range(S):
@@ -256,7 +255,11 @@ def _rows_block(lo, hi, seqs, w, z, hinfo, prm, eps, softmax_readout, want_grad,
         while p < depth and seqs[r, p] == s[p]:
             p += 1
         q = seqs[r, T - 1]
-        if pending and (p < T - 1 or q == last_q):  # a new parent, or a repeated row: run the pending leaves
+        taken = False  # the pending group already holds a leaf ending in q (a repeated row)
+        for c in range(S):
+            if Wl[q, c] != 0.0:
+                taken = True
+        if pending and (p < T - 1 or taken):  # a new parent, or a repeated row: run the pending leaves
             loss += _leaf_group(0, S, z, s, hinfo, prm, F, gr, Wl, Q, qs, eps, softmax_readout, want_grad)
             for a in range(S):
                 for c in range(S):
@@ -275,7 +278,6 @@ def _rows_block(lo, hi, seqs, w, z, hinfo, prm, eps, softmax_readout, want_grad,
         for c in range(S):
             Wl[q, c] = w[r, c]
         pending = True
-        last_q = q
     if pending:
         loss += _leaf_group(0, S, z, s, hinfo, prm, F, gr, Wl, Q, qs, eps, softmax_readout, want_grad)
     if want_grad:
