@@ -22,7 +22,12 @@ under the ``S!`` relabelings: 48 atoms at S = 3, 16 at S = 2); parameters
 Usage::
 
     python benchmarks/bench_catformer.py [--repeats 5] [--budget 10] [--no-jax] [--no-sweep] [--no-table]
-                                         [--no-equivariant]
+                                         [--no-equivariant] [--specialize on|off|auto]
+
+``--specialize`` (default ``on``) is ``EngineOptions.catformer_specialize``: the walks compiled for each
+case's layout (:mod:`popgrad.engine._kernels.specialize`; what a training run gets after its first 30 s, the
+same bits); ``off`` times the general kernels. A layout's first specialized call compiles (20–35 s per walk,
+once per machine), outside the timings.
 
 Then the same table for *equivariant* parameters (the draw above projected with ``Sym``): what a
 zero-start trajectory runs, through the exact orbit reduction (DESIGN §21).
@@ -215,13 +220,18 @@ def rel_diff(r, loss, dA, dW):
     return max([abs(loss - r.loss) / abs(r.loss), rd(dW, r.dW)] + [rd(a, b) for a, b in zip(dA, r.dA)])
 
 
+#: The engine options of every timed call (``--specialize``).
+OPTS = pg.EngineOptions(catformer_specialize="on")
+
+
 def bench_table(repeats, use_jax, jax_chunk, peak, equivariant=False):
     rows = []
     for S, T, heads in (EQUIVARIANT_CASES if equivariant else CASES):
         task, model, params = make_case(S, T, heads, equivariant=equivariant)
-        r = pg.catformer_loss_and_grad(task, model, params)  # JIT warm-up
-        t, c = median_times(lambda: pg.catformer_loss_and_grad(task, model, params), repeats)
-        t_loss = median_time(lambda: pg.catformer_loss(task, model, params), repeats)
+        r = pg.catformer_loss_and_grad(task, model, params, options=OPTS)  # JIT warm-up
+        pg.catformer_loss(task, model, params, options=OPTS)
+        t, c = median_times(lambda: pg.catformer_loss_and_grad(task, model, params, options=OPTS), repeats)
+        t_loss = median_time(lambda: pg.catformer_loss(task, model, params, options=OPTS), repeats)
         n = task.n_sequences
         fl = flops_per_sequence(model, task.prior.K)
         row = dict(S=S, T=T, heads=heads, dims=model.dims, n=n, t=t, t_loss=t_loss, seq_s=n / t, flops=fl,
@@ -252,8 +262,9 @@ def sweep(S, budget, heads=(1, 1), T=4):
     out = []
     while True:
         task, model, params = make_case(S, T, heads)
-        pg.catformer_loss_and_grad(task, model, params)
-        wall, t = median_times(lambda: pg.catformer_loss_and_grad(task, model, params), 1 if S**T > 10**5 else 3)
+        pg.catformer_loss_and_grad(task, model, params, options=OPTS)
+        wall, t = median_times(lambda: pg.catformer_loss_and_grad(task, model, params, options=OPTS),
+                               1 if S**T > 10**5 else 3)
         out.append((T, t))
         print(f"  sweep S={S} T={T}: {t:.3g} CPU s, {wall:.3g} wall s ({S**T / t:.3g} seq per CPU s)", flush=True)
         # the next T costs about S·(d(T+1)/d(T))² times more: stop before a run far beyond the budget
@@ -284,7 +295,11 @@ def main(argv=None):
     ap.add_argument("--no-equivariant", action="store_true", help="skip the equivariant (orbit-reduced) rows")
     ap.add_argument("--sweep-from", type=int, nargs=2, default=(4, 4), metavar=("T_S2", "T_S3"),
                     help="first T of the sweep at S=2 and S=3")
+    ap.add_argument("--specialize", choices=("on", "off", "auto"), default="on",
+                    help="EngineOptions.catformer_specialize of the timed calls (default on)")
     args = ap.parse_args(argv)
+    global OPTS
+    OPTS = pg.EngineOptions(catformer_specialize=args.specialize)
     use_jax = not args.no_jax
     if use_jax:
         try:
@@ -296,7 +311,8 @@ def main(argv=None):
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     print(f"{time.strftime('%Y-%m-%d %H:%M')} · {cpu} · {os.cpu_count()} cores · numba {numba.__version__} "
           f"({numba.get_num_threads()} threads) · numpy {np.__version__} · python {platform.python_version()}"
-          + (f" · jax {__import__('jax').__version__}" if use_jax else ""))
+          + (f" · jax {__import__('jax').__version__}" if use_jax else "")
+          + f" · catformer_specialize={args.specialize}")
     print(f"Peak float64 dgemm: {peak['all']:.1f} GFLOP/s on all cores, {peak['one']:.1f} on one. "
           f"Median of {args.repeats} runs after warm-up.\n")
     print("| S | T | heads | d_L | sequences | grad ms (wall / CPU) | loss ms | seq per CPU s | flops/seq "

@@ -7,10 +7,15 @@ the relabeling-equivariant subspace with ``Sym``: the orbit reduction of DESIGN 
 trajectory runs). Task: ``pg.chain(T)`` with the relabeling-closed ``dirichlet_prior(S, 1.0, 8, seed=0,
 symmetrize=True)`` (as benchmarks/bench_catformer.py). Times are process CPU time (one thread), the
 median of ``--repeats`` calls after a warm-up; ``T`` grows from 3 until a call exceeds the budget.
+``--specialize on`` (the default) times the walks compiled for each layout
+(``EngineOptions.catformer_specialize``, the same bits; what a training run gets after its first 30 s) once
+the general kernels take more than a tenth of the budget (below, every ``T`` would compile a layout of its
+own for nothing); ``off`` the general kernels only.
 
 Usage::
 
     NUMBA_NUM_THREADS=1 python benchmarks/bench_reach.py [--budget 1] [--repeats 3] [--S 2 3 4]
+                                                         [--heads 1,1 2,1] [--specialize on|off] [--T-from 3]
 """
 from __future__ import annotations
 
@@ -52,14 +57,27 @@ def cpu_time(fn, repeats):
     return statistics.median(cs)
 
 
-def reach(S, heads, equivariant, budget, repeats, t_max=40):
+GENERAL = pg.EngineOptions(catformer_specialize="off")
+SPECIALIZED = pg.EngineOptions(catformer_specialize="on")
+
+
+def reach(S, heads, equivariant, budget, repeats, specialize=True, t_from=3, t_max=40):
     """``(T, seconds at T, seconds at T+1)``: the largest ``T`` within the budget."""
     best = (None, float("nan"))
-    for T in range(3, t_max + 1):
+    mode = "on" if equivariant else "off"
+    opts = GENERAL
+    for T in range(t_from, t_max + 1):
         task, model, params = make_case(S, T, heads, equivariant)
-        mode = "on" if equivariant else "off"
-        pg.catformer_loss_and_grad(task, model, params, symmetry=mode)  # warm-up (compiles once)
-        sec = cpu_time(lambda: pg.catformer_loss_and_grad(task, model, params, symmetry=mode), repeats)
+
+        def call():
+            return pg.catformer_loss_and_grad(task, model, params, symmetry=mode, options=opts)
+
+        call()  # warm-up (compiles once)
+        sec = cpu_time(call, repeats)
+        if specialize and opts is GENERAL and sec > budget / 10:
+            opts = SPECIALIZED
+            call()
+            sec = cpu_time(call, repeats)
         if sec > budget:
             return best[0], best[1], sec
         best = (T, sec)
@@ -72,18 +90,21 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--S", type=int, nargs="+", default=[2, 3, 4])
     ap.add_argument("--heads", nargs="+", default=["1,1", "2,1"])
+    ap.add_argument("--specialize", choices=("on", "off"), default="on",
+                    help="time the walks compiled for each layout past a tenth of the budget (default on)")
+    ap.add_argument("--T-from", type=int, default=3, help="first T tried (default 3)")
     args = ap.parse_args(argv)
     import numba
 
     print(f"# reach: largest T with one exact gradient <= {args.budget:g} s CPU, numba threads "
-          f"{numba.get_num_threads()}, popgrad {pg.__version__}")
+          f"{numba.get_num_threads()}, popgrad {pg.__version__}, specialized kernels {args.specialize}")
     print("| S | heads | parameters | largest T | its time | time at T+1 |")
     print("|---|---|---|---|---|---|")
     for S in args.S:
         for h in args.heads:
             heads = tuple(int(x) for x in h.split(","))
             for eq in (False, True):
-                T, sec, nxt = reach(S, heads, eq, args.budget, args.repeats)
+                T, sec, nxt = reach(S, heads, eq, args.budget, args.repeats, args.specialize == "on", args.T_from)
                 print(f"| {S} | {heads} | {'equivariant' if eq else 'general'} | {T} | {sec:.3f} s | {nxt:.3f} s |",
                       flush=True)
     return 0

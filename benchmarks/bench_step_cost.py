@@ -16,7 +16,9 @@ model (S = 3, random tree T = 12, 531,441 sequences), for ``dirichlet_prior(3, 0
 steps; "one-off gradient" times the first gradient of a fresh task (what a single call costs, whatever the
 rule builds for it); "rule" is a training run: the table asked for up front (``prepare_table``; before it
 existed, ``task.weight_table()``), timed as "table build", then a warm-up step and the median of ``--repeats``
-steps on the path ``popgrad.engine.table.use_table`` picks. CPU time of this process (``time.process_time``) and wall time; with
+steps on the path ``popgrad.engine.table.use_table`` picks. The full model runs its general kernels
+(``--specialize off``, the default, as this table's history); ``--specialize on`` the walks compiled for its
+layout (``EngineOptions.catformer_specialize``; a training run's after its first 30 s). CPU time of this process (``time.process_time``) and wall time; with
 ``--before`` every round runs the before tree, then this tree, in separate processes, and the table shows
 the median over rounds. Timings depend on the machine and its load: printed, never asserted.
 """
@@ -52,6 +54,14 @@ def _row(kind, name, path, ts, build=(float("nan"),) * 2, oneoff=(float("nan"),)
     return row
 
 
+def _options(pg):
+    """The full model's engine options: ``catformer_specialize`` from ``$POPGRAD_BENCH_SPECIALIZE`` (set by
+    ``--specialize``; passed on to the ``--before`` processes), ``None`` for a tree without the option."""
+    if "catformer_specialize" not in getattr(pg.EngineOptions, "__dataclass_fields__", {}):
+        return None
+    return pg.EngineOptions(catformer_specialize=os.environ.get("POPGRAD_BENCH_SPECIALIZE", "off"))
+
+
 def _timed(f):
     c, t = time.process_time(), time.perf_counter()
     f()
@@ -70,6 +80,7 @@ def measure(repeats=3):
     model = pg.CatFormer(3, 10)
     params = model.init(0.5, 0)
     zero = model.zeros()  # equivariant: the orbit reduction (DESIGN §21), on the table for the continuous prior
+    opts = _options(pg)
     orbit = getattr(__import__("popgrad.engine.catformer_symmetry", fromlist=["x"]), "orbit_table", None)
     prepare = getattr(_table, "prepare_table", None)  # absent before issue 28's rule: the table was built on demand
     for kind, T in MODELS:
@@ -78,7 +89,7 @@ def measure(repeats=3):
                 task = pg.Task(pg.random_tree(T, 1, 0.5), _prior(pg, name))
                 if kind.startswith("full model"):
                     p = zero if kind.endswith("zero start") else params
-                    return task, lambda: catformer_loss_and_grad(task, model, p)
+                    return task, lambda: catformer_loss_and_grad(task, model, p, options=opts)
                 return task, lambda: pg.exact_loss_and_grad(task, A1[:T, :T], A2)
 
             if name != "continuous":  # the per-atom path, forced
@@ -118,6 +129,7 @@ def interleaved(rounds=15):
     model = pg.CatFormer(3, 10)
     params = model.init(0.5, 0)
     zero = model.zeros()  # equivariant: the orbit reduction (DESIGN §21), on the table for the continuous prior
+    opts = _options(pg)
     print("| model | " + " | ".join(f"{n}: CPU ms (q25–q75)" for n in PRIORS) + " |")
     print("|---|" + "---|" * len(PRIORS))
     for kind, T in MODELS:
@@ -129,7 +141,7 @@ def interleaved(rounds=15):
             else:  # before issue 28's rule: a finite prior read the table from 64 atoms on, built on demand
                 task.weight_table()
             p = zero if kind.endswith("zero start") else params
-            calls[name] = ((lambda task=task, p=p: catformer_loss_and_grad(task, model, p))
+            calls[name] = ((lambda task=task, p=p: catformer_loss_and_grad(task, model, p, options=opts))
                            if kind.startswith("full model")
                            else (lambda task=task: pg.exact_loss_and_grad(task, A1[:T, :T], A2)))
             calls[name]()
@@ -182,7 +194,10 @@ if __name__ == "__main__":
     ap.add_argument("--interleaved", action="store_true",
                     help="the three priors' training steps interleaved in one process (with --before: per tree, "
                          "the trees alternating)")
+    ap.add_argument("--specialize", choices=("off", "on"), default="off",
+                    help="the full model's walks compiled for its layout (default off: the general kernels)")
     a = ap.parse_args()
+    os.environ["POPGRAD_BENCH_SPECIALIZE"] = a.specialize
     if a.interleaved:
         if a.before is None:
             interleaved()

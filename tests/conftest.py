@@ -1,8 +1,16 @@
+import os
+from pathlib import Path
+
 import pytest
 
 from .profiles import register_and_load, scale_items
 
 register_and_load()
+
+#: The full model's specialized kernels (popgrad.engine._kernels.specialize) are generated under the clone's
+#: .pytest_cache, not in the user's cache folder (writable wherever the tests run; reused by the next run).
+os.environ.setdefault("POPGRAD_KERNEL_DIR", str(Path(__file__).resolve().parent.parent / ".pytest_cache"
+                                                / "popgrad-kernels"))
 
 
 def pytest_collection_modifyitems(items):

@@ -56,7 +56,7 @@ from . import catformer_table as _ct
 from . import table as _table
 from ._args import options_or_default
 from ._kernels import catformer as _kc
-from ._kernels import catformer_walk as _kw
+from ._kernels import specialize as _spec
 from ._kernels.twins import use_parallel
 from .symmetry import MAX_SYMMETRY_S, exactly_closed, orbit_sizes
 
@@ -263,8 +263,8 @@ def _rows_partials(job, seqs, w, opts) -> CatFormerPartials:
     n_blocks = max(1, -(-n // per))
     loss_s = np.zeros(n_blocks)
     gr_s = np.zeros((n_blocks, job.n_A + job.w_shape[0] * job.w_shape[1]))
-    kernel = _kw.run_rows if use_parallel(n_blocks, n, opts) else _kw.run_rows_serial
-    kernel(seqs, w, per, job.sizes, job.hinfo, job.prm, job.eps, job.softmax_readout, job.want_grad, loss_s, gr_s)
+    _spec.run(job, "run_rows", use_parallel(n_blocks, n, opts), seqs, w, per, job.sizes, job.hinfo, job.prm, job.eps,
+              job.softmax_readout, job.want_grad, loss_s, gr_s)
     return CatFormerPartials(loss_s, gr_s)
 
 
@@ -361,7 +361,8 @@ class CatFormerJob(NamedTuple):
     ``a_shapes`` the shapes of ``params.A`` (to unflatten the gradient). ``canon``: the blocks walk the
     canonical sequences only, each leaf's weights times ``orbit[m]`` (its orbit size, ``m`` distinct
     tokens): the orbit-reduced sum of DESIGN §21, before ``Sym``; ``ids`` the blocks that run (slot ``b`` is
-    block ``ids[b]``; ``None``: all, in order).
+    block ``ids[b]``; ``None``: all, in order). ``specialized``: run the walks compiled for this layout
+    (:func:`popgrad.engine._kernels.specialize.walks`; ``EngineOptions.catformer_specialize``).
     """
 
     n_fixed: int
@@ -379,6 +380,8 @@ class CatFormerJob(NamedTuple):
     canon: bool = False
     orbit: np.ndarray = None
     ids: np.ndarray = None
+    specialized: bool = False
+
 
 
 class CatFormerPartials(NamedTuple):
@@ -429,7 +432,7 @@ def blocks(task, model, params, eps, want_grad, opts) -> CatFormerJob:
     parallel = task is not None and use_parallel(n_blocks, task.n_sequences, opts)
     return CatFormerJob(n_fixed, n_blocks, sizes, hinfo, prm, len(Af), tuple(params.W.shape),
                         tuple(a.shape for a in params.A), float(eps), model.readout == "softmax", bool(want_grad),
-                        parallel)
+                        parallel, specialized=_spec.decide(sizes, hinfo, opts))
 
 
 def block_work(task, job) -> np.ndarray:
@@ -484,11 +487,11 @@ def run_blocks(task, job, lo=0, hi=None) -> CatFormerPartials:
     npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT = weight_arrays(task)
     loss_s = np.zeros(n)
     gr_s = np.zeros((n, job.n_A + job.w_shape[0] * job.w_shape[1]))
-    kernel = _kw.run_blocks if job.parallel and n > 1 else _kw.run_blocks_serial
     orbit = np.ones(job.sizes.S + 1) if job.orbit is None else job.orbit
     ids = np.arange(job.n_blocks, dtype=np.int64) if job.ids is None else job.ids
-    kernel(lo, ids, job.n_fixed, job.sizes, job.hinfo, job.prm, npar, par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT,
-           job.eps, job.softmax_readout, job.want_grad, bool(job.canon), orbit, loss_s, gr_s)
+    _spec.run(job, "run_blocks", job.parallel and n > 1, lo, ids, job.n_fixed, job.sizes, job.hinfo, job.prm, npar,
+              par, roff, ftabT, pk0, tnpar, tpar, troff, ttabT, job.eps, job.softmax_readout, job.want_grad,
+              bool(job.canon), orbit, loss_s, gr_s)
     return CatFormerPartials(loss_s, gr_s if job.want_grad else np.zeros((n, 0)))
 
 

@@ -38,8 +38,8 @@ from .symmetry import MAX_SYMMETRY_S, exactly_closed
 from .table import table_rows
 
 __all__ = ["EQUIV_RTOL", "TABLE_SYM_RTOL", "equivariance_defect", "is_equivariant", "relabel_params",
-           "symmetrize_params", "reduction_applies", "coordinate_orbits", "OrbitTable", "orbit_table",
-           "canonical_codes", "canonical_form", "table_reduction_applies"]
+           "generator_moves", "symmetrize_params", "reduction_applies", "coordinate_orbits", "OrbitTable",
+           "orbit_table", "canonical_codes", "canonical_form", "table_reduction_applies"]
 
 #: Largest ``max|σ·θ − θ| / max|θ|`` over the generators for which ``θ`` counts as equivariant.
 EQUIV_RTOL = 1e-12
@@ -49,6 +49,7 @@ EQUIV_RTOL = 1e-12
 TABLE_SYM_RTOL = 1e-10
 
 _ORBITS: OrderedDict = OrderedDict()
+_MOVES: OrderedDict = OrderedDict()  # (S, T, heads) -> the generators' flat index moves
 _TABLES: OrderedDict = OrderedDict()  # task fingerprint -> OrbitTable, kept for 2 tasks
 _LOCK = threading.Lock()
 #: Rows per chunk when an orbit table is summed from the weight table.
@@ -84,16 +85,59 @@ def _generators(S):
     return [swap, np.roll(np.arange(S), -1)]
 
 
+def generator_moves(model):
+    """Per generator ``g`` of the symmetric group, the index ``m`` with ``(g·θ)_flat = θ_flat[m]`` on the flat
+    parameters ``[A[0] … A[L-1], W]`` (:func:`relabel_params` applied to the coordinates' numbers; cached per
+    model shape)."""
+    return _per_model(_MOVES, model, _build_moves)
+
+
+def _per_model(store, model, build):
+    """``build(model)``, kept in ``store`` per model shape (the last 16)."""
+    return _kept(store, (model.S, model.T, model.heads), lambda: build(model), 16)
+
+
+def _kept(store, key, build, keep):
+    """``store[key]``, computed by ``build()`` on a miss; ``store`` keeps the last ``keep`` entries."""
+    with _LOCK:
+        hit = store.get(key)
+    if hit is not None:
+        return hit
+    out = build()
+    with _LOCK:
+        store[key] = out
+        while len(store) > keep:
+            store.popitem(last=False)
+    return out
+
+
+def _build_moves(model):
+    a_shapes, w_shape = model.shapes()
+    sizes = [int(np.prod(s)) for s in a_shapes] + [int(np.prod(w_shape))]
+    ids = np.arange(sum(sizes), dtype=np.float64)  # exact integers (sizes far below 2**53)
+    parts, off = [], 0
+    for s in a_shapes:
+        parts.append(ids[off:off + int(np.prod(s))].reshape(s))
+        off += int(np.prod(s))
+    base = CatFormerParams(parts, ids[off:].reshape(w_shape))
+    out = []
+    for g in _generators(model.S):
+        moved = relabel_params(model, base, g)
+        m = np.concatenate([a.ravel() for a in moved.A] + [moved.W.ravel()]).astype(np.int64)
+        m.setflags(write=False)
+        out.append(m)
+    return out
+
+
 def equivariance_defect(model, params) -> float:
-    """``max_g max|g·θ − θ|`` over the generators ``g`` of the symmetric group (``0.0`` for ``S = 1``)."""
+    """``max_g max|g·θ − θ|`` over the generators ``g`` of the symmetric group (``0.0`` for ``S = 1``): one
+    gather per generator on the flat parameters (:func:`generator_moves`)."""
     if model.S < 2:
         return 0.0
+    flat = np.concatenate([np.ravel(a) for a in params.A] + [np.ravel(params.W)])
     out = 0.0
-    for g in _generators(model.S):
-        moved = relabel_params(model, params, g)
-        for a, b in zip(moved.A, params.A):
-            out = max(out, float(np.max(np.abs(a - b), initial=0.0)))
-        out = max(out, float(np.max(np.abs(moved.W - params.W), initial=0.0)))
+    for m in generator_moves(model):
+        out = max(out, float(np.max(np.abs(flat[m] - flat), initial=0.0)))
     return out
 
 
@@ -189,17 +233,7 @@ def _build_orbit_table(task) -> OrbitTable:
 def orbit_table(task) -> OrbitTable:
     """The :class:`OrbitTable` of a task's weight table (computed once per task, kept for the last two tasks;
     one pass over the table, in chunks past the table budget)."""
-    key = task.fingerprint
-    with _LOCK:
-        hit = _TABLES.get(key)
-    if hit is not None:
-        return hit
-    out = _build_orbit_table(task)
-    with _LOCK:
-        _TABLES[key] = out
-        while len(_TABLES) > 2:
-            _TABLES.popitem(last=False)
-    return out
+    return _kept(_TABLES, task.fingerprint, lambda: _build_orbit_table(task), 2)
 
 
 def clear_orbit_tables() -> None:
@@ -218,24 +252,14 @@ def table_reduction_applies(task) -> bool:
 def coordinate_orbits(model):
     """Per parameter array (``A[0] … A[L-1]``, ``W``): ``(labels, counts)``, the orbit number of every
     coordinate under the relabelings and the orbit sizes (cached per model)."""
-    key = (model.S, model.T, model.heads)
-    with _LOCK:
-        hit = _ORBITS.get(key)
-    if hit is not None:
-        return hit
+    return _per_model(_ORBITS, model, _build_orbits)
+
+
+def _build_orbits(model):
     a_shapes, w_shape = model.shapes()
     sizes = [int(np.prod(s)) for s in a_shapes] + [int(np.prod(w_shape))]
     n = sum(sizes)
-    ids = np.arange(n, dtype=np.float64)
-    parts, off = [], 0
-    for s in a_shapes:
-        parts.append(ids[off:off + int(np.prod(s))].reshape(s))
-        off += int(np.prod(s))
-    base = CatFormerParams(parts, ids[off:].reshape(w_shape))
-    moves = []
-    for g in _generators(model.S):
-        moved = relabel_params(model, base, g)
-        moves.append(np.concatenate([a.ravel() for a in moved.A] + [moved.W.ravel()]).astype(np.int64))
+    moves = generator_moves(model)
     label = np.arange(n)
     while True:  # connected components of i ~ g(i): propagate the smallest index
         new = label.copy()
@@ -253,12 +277,7 @@ def coordinate_orbits(model):
     for sz in sizes:
         out.append(inv[off:off + sz])
         off += sz
-    res = (out, counts)
-    with _LOCK:
-        _ORBITS[key] = res
-        while len(_ORBITS) > 16:
-            _ORBITS.popitem(last=False)
-    return res
+    return out, counts
 
 
 def symmetrize_params(model, A, W):

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import table as _table
-from ._kernels import catformer_walk as _kw
+from ._kernels import specialize as _spec
 from ._kernels.twins import use_parallel
 
 __all__ = ["TableJob", "TablePartials", "blocks", "block_work", "run_blocks"]
@@ -74,8 +74,7 @@ def run_blocks(task, tjob, lo=0, hi=None):
         b1 = min(hi, b0 + step)
         r0, r1 = b0 * per, min(N, b1 * per)
         seqs, w = _table.table_rows(task, r0, r1)
-        kernel = _kw.run_rows if job.parallel and b1 - b0 > 1 else _kw.run_rows_serial
-        kernel(seqs, w, per, job.sizes, job.hinfo, job.prm, job.eps, job.softmax_readout, job.want_grad,
-               loss_s[b0 - lo:b1 - lo], gr_s[b0 - lo:b1 - lo])
+        _spec.run(job, "run_rows", job.parallel and b1 - b0 > 1, seqs, w, per, job.sizes, job.hinfo, job.prm,
+                  job.eps, job.softmax_readout, job.want_grad, loss_s[b0 - lo:b1 - lo], gr_s[b0 - lo:b1 - lo])
     return TablePartials(loss_s, gr_s if job.want_grad else np.zeros((n, 0)))
 

@@ -155,6 +155,25 @@ def test_coordinate_orbits_partition_the_parameters():
     assert set(np.unique(counts).astype(int)) <= {1, 2, 3, 6}  # orbit sizes divide |S_3| = 6
 
 
+@given(S=st.integers(2, 4), T=st.integers(2, 5), heads=st.sampled_from([(1, 1), (2, 1), (1,), (1, 2, 1)]),
+       seed=st.integers(0, 2**31), equivariant=st.booleans())
+@settings(max_examples=25, deadline=None)
+def test_equivariance_defect_is_the_relabeled_parameters_distance(S, T, heads, seed, equivariant):
+    """The flat-index defect (one gather per generator) is exactly ``max_g max|g·θ − θ|`` of relabel_params."""
+    model = pg.CatFormer(S, T, heads=heads)
+    rng = np.random.default_rng(seed)
+    p = (equivariant_params(model, seed) if equivariant
+         else CatFormerParams([rng.standard_normal(s) for s in model.shapes()[0]],
+                              rng.standard_normal(model.shapes()[1])))
+    ref = 0.0
+    for g in Y._generators(S):
+        moved = Y.relabel_params(model, p, g)
+        for a, b in zip(moved.A + [moved.W], p.A + [p.W]):
+            ref = max(ref, float(np.max(np.abs(a - b))))
+    assert Y.equivariance_defect(model, p) == ref
+    assert (ref == 0.0) == equivariant and Y.is_equivariant(model, p) == equivariant
+
+
 # ====================================================================== the table path (continuous priors)
 def continuous_task(S, T, roots="stationary", seed=1):
     return pg.Task(pg.random_tree(T, seed=seed, root_prob=0.5), pg.DirichletPrior(S, 0.1, roots=roots))

@@ -83,6 +83,26 @@ def test_full_model_engine(client):
             pg.catformer_loss(task, model, params, options=o)
 
 
+def test_full_model_specialized_on_the_workers(client):
+    """A job decided specialized runs the specialized walks on the workers: the general kernels' bits."""
+    from popgrad.engine import catformer as E
+    from popgrad.engine._kernels import specialize as SP
+
+    task = pg.Task(pg.random_tree(6, seed=2), pg.dirichlet_prior(3, 1.0, 2, seed=1))
+    model = pg.CatFormer(3, 6, heads=(1, 1))  # the layout tests/engine/test_catformer_specialize.py compiles
+    p = model.init(0.5, 4)
+    params = pg.CatFormerParams(p.A, np.random.default_rng(0).normal(size=p.W.shape))
+    on = pg.EngineOptions(catformer_specialize="on", prefix_block_sequences=9)
+    ref = pg.catformer_loss_and_grad(task, model, params, options=pg.EngineOptions(catformer_specialize="off",
+                                                                                       prefix_block_sequences=9))
+    r = pg.catformer_loss_and_grad(task, model, params, options=on, client=client)
+    assert r.loss == ref.loss and np.array_equal(r.dW, ref.dW)
+    assert all(np.array_equal(a, b) for a, b in zip(r.dA, ref.dA))
+    job = E.blocks(task, model, params, 0.0, True, on)
+    loaded = client.run(SP.loaded, job.sizes, job.hinfo)
+    assert any(loaded.values()), loaded
+
+
 @pytest.mark.parametrize("multi", [False, True])
 def test_noise_engine(client, multi):
     """The gradient-noise engine on the block protocol: ``client=`` and ``options=`` honoured, same bits."""
