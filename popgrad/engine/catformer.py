@@ -383,7 +383,6 @@ class CatFormerJob(NamedTuple):
     specialized: bool = False
 
 
-
 class CatFormerPartials(NamedTuple):
     """Per-block slots of a range of ``n`` blocks, in block order: ``loss (n,)``, ``gr (n, n_A + d_L·S)``
     (``gr[b] = [dA | dW]`` flat; ``(n, 0)`` for a loss-only job)."""

@@ -99,8 +99,7 @@ class EngineOptions:
                 if not isinstance(v, str) or v not in SPECIALIZE_MODES:
                     raise ValueError(f"EngineOptions.catformer_specialize must be 'auto', 'on' or 'off', got {v!r}")
             elif f.name == "catformer_specialize_seconds":
-                if as_real(v, "EngineOptions.catformer_specialize_seconds") < 0:
-                    raise ValueError(f"EngineOptions.catformer_specialize_seconds must be a number >= 0, got {v!r}")
+                as_real(v, "EngineOptions.catformer_specialize_seconds", minimum=0)
             elif f.name == "a2_range_limit":
                 if as_real(v, "EngineOptions.a2_range_limit") <= 0:
                     raise ValueError(f"EngineOptions.a2_range_limit must be a number > 0, got {v!r}")
