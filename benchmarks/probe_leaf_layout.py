@@ -11,20 +11,30 @@ leaves-innermost layout ``dÃ += hᵀ du`` is a sum over the leaves, a reduction
 without reassociating it (no ``fastmath`` in popgrad); in the kernel's layout every pass is an update
 ``y += a·x`` of a contiguous row of ``d_in`` numbers, which it vectorizes as it is.
 
+The last rows time the same three passes as matrix products over ``L`` leaves (leaves as rows, BLAS
+``dgemm`` through numba's ``np.dot``): what batching the leaves of many parents into one product would
+buy, before the cost of the walk's restructuring (every leaf's row and adjoint kept until the batch
+runs) and with a summation order that is BLAS's, not the kernel's. ``--S``/``--T`` set the widths of
+heads ``(1, 1)``: ``d_0 = S + T``, ``d_in = 2 d_0``.
+
 Usage::
 
-    python benchmarks/probe_leaf_layout.py [--leaves 200000] [--repeats 5]
+    python benchmarks/probe_leaf_layout.py [--leaves 200000] [--repeats 5] [--S 3] [--T 10]
 """
 from __future__ import annotations
 
-import argparse
-import time
+import os
 
-import numpy as np
-from numba import njit
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one core, as the kernel's walks (set before NumPy loads BLAS)
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+from numba import njit  # noqa: E402
 
 U = np.uint64
-D0, DIN = 13, 26
 
 
 @njit(error_model="numpy")
@@ -93,6 +103,26 @@ def leaves_innermost(n, H, A, AT, dA, G, u, du, L, d0, din):
     return acc
 
 
+@njit(error_model="numpy")
+def blas_products(n, H, Ad, AdT, dA, G, u, du, dAb, Gb):
+    """``L`` leaves per pass as BLAS products: ``u = H Ã_d``, ``dÃ_d += Hᵀ du``, ``G += du Ãᵀ_d`` (``H (L, k)`` the
+    leaves' dense coordinates, ``Ã_d (k, d_in)`` the dense rows of ``Ã``, ``Ãᵀ_d (d_in, k)``)."""
+    L, k = H.shape
+    acc = 0.0
+    for it in range(0, n, L):
+        H[0, it % k] += 1e-9
+        np.dot(H, Ad, u)
+        for i in range(L):
+            for b in range(u.shape[1]):
+                du[i, b] = u[i, b] * 1e-3
+        np.dot(H.T, du, dAb)
+        dA += dAb
+        np.dot(du, AdT, Gb)
+        G += Gb
+        acc += u[0, 0]
+    return acc
+
+
 def best_ns(fn, n, repeats):
     fn(10)
     ts = []
@@ -107,14 +137,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--leaves", type=int, default=200000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--S", type=int, default=3)
+    ap.add_argument("--T", type=int, default=10)
     args = ap.parse_args()
+    D0 = args.S + args.T
+    DIN = 2 * D0
     rng = np.random.default_rng(0)
     F = rng.standard_normal(4 * DIN)
     prm = rng.standard_normal(2 * DIN * DIN)
     gr = np.zeros(DIN * DIN)
     base = best_ns(lambda n: per_leaf(n, F, prm, gr, DIN, D0), args.leaves, args.repeats)
-    print(f"d_0 = {D0}, d_in = {DIN}: three dense passes, {3 * (DIN - D0) * DIN} multiply-adds per leaf; "
-          f"best of {args.repeats} runs of {args.leaves} leaves")
+    print(f"S = {args.S}, T = {args.T}, heads (1, 1): d_0 = {D0}, d_in = {DIN}: three dense passes, "
+          f"{3 * (DIN - D0) * DIN} multiply-adds per leaf; best of {args.repeats} runs of {args.leaves} leaves")
     print("| layout | ns per leaf | vs per leaf |")
     print("|---|---|---|")
     print(f"| per leaf, flat (the kernel's) | {base:.0f} | 1.00 |")
@@ -126,6 +160,16 @@ def main():
         G, u, du = np.zeros((DIN, L)), np.zeros((DIN, L)), np.zeros((DIN, L))
         ns = best_ns(lambda n: leaves_innermost(n, H, A, AT, dA, G, u, du, L, D0, DIN), args.leaves, args.repeats)
         print(f"| {L} leaves innermost | {ns:.0f} | {base / ns:.2f} |")
+    k = DIN - D0
+    for L in (3, 9, 27, 81, 243):
+        H = rng.standard_normal((L, k))
+        Ad = rng.standard_normal((k, DIN))
+        AdT = np.ascontiguousarray(rng.standard_normal((DIN, k)))
+        dA, dAb = np.zeros((k, DIN)), np.zeros((k, DIN))
+        G, Gb = np.zeros((L, k)), np.zeros((L, k))
+        u, du = np.zeros((L, DIN)), np.zeros((L, DIN))
+        ns = best_ns(lambda n: blas_products(n, H, Ad, AdT, dA, G, u, du, dAb, Gb), args.leaves, args.repeats)
+        print(f"| {L} leaves, BLAS products | {ns:.0f} | {base / ns:.2f} |")
 
 
 if __name__ == "__main__":

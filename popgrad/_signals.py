@@ -167,10 +167,10 @@ def _ignore_sigint_in_child() -> None:
     """A worker process of the command ignores SIGINT: a terminal's Ctrl-C reaches the whole process
     group, and the command closes its workers itself (no worker tracebacks, no half-written cells).
 
-    The signal mask of :func:`shield_children` is not enough: the spawned workers start with an empty
-    mask (``fork_exec`` resets it). This runs when the worker imports popgrad, which it does first
-    (a spawned child re-imports the command's main module), and ``SIG_IGN`` also keeps asyncio from
-    installing its own SIGINT handler in the worker's event loop.
+    The workers start with SIGINT blocked (:func:`shield_children`); this runs when the worker imports
+    popgrad, which it does first (a spawned child re-imports the command's main module): ``SIG_IGN``
+    discards a Ctrl-C that came while it started (pending, blocked) and any later one, and keeps asyncio
+    from installing its own SIGINT handler in the worker's event loop.
     """
     try:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -476,11 +476,23 @@ def shield_children():
     The signal mask is inherited by threads created here (a Dask event loop) and by the
     processes they spawn (its workers), so a terminal Ctrl-C is seen by this process only.
     A SIGINT that arrives meanwhile is delivered here when the block ends.
+
+    multiprocessing's resource tracker is started first, outside the block: the first spawned child of a
+    process starts it, and its ``ensure_running`` blocks SIGINT and SIGTERM around that spawn and then
+    *unblocks* them in the calling thread (CPython's ``resource_tracker.py``), which would lift this block
+    in the Dask thread that goes on to spawn the workers: they started with SIGINT deliverable and printed a
+    ``KeyboardInterrupt`` traceback when a Ctrl-C came while they imported.
     """
     block = getattr(signal, "pthread_sigmask", None)
     if block is None or threading.current_thread() is not threading.main_thread():
         yield
         return
+    try:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+    except Exception:  # no tracker on this platform or it cannot start: Dask's own start will say so
+        pass
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield

@@ -205,18 +205,45 @@ def as_seqs(seqs, T, S=None) -> np.ndarray:
     return seqs
 
 
-def warn_inf(where: str) -> None:
-    """RuntimeWarning for an infinite loss, attributed to the first caller outside popgrad."""
+def _outside_level() -> int:
+    """The ``stacklevel`` that attributes a warning issued by this module's caller to the first caller outside
+    popgrad."""
     pkg = os.path.dirname(os.path.abspath(__file__))
-    level, frame = 2, sys._getframe(1)
+    level, frame = 2, sys._getframe(2)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(pkg):
         frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn_inf(where: str) -> None:
+    """RuntimeWarning for an infinite loss, attributed to the first caller outside popgrad."""
+    level = _outside_level()
     warnings.warn(
         f"{where}: the loss is infinite: with eps = 0 some token has zero predicted mass but positive "
         "weight (use eps > 0, e.g. eps=None for T_eff**-0.5); gradients are undefined (NaN)",
         RuntimeWarning,
         stacklevel=level,
     )
+
+
+def warn_grad_overflow(where: str, grads, params) -> bool:
+    """RuntimeWarning when a finite loss has a gradient with inf or NaN entries (float64 overflow in the
+    backward pass: the full model's gradients grow with products of its parameters); returns whether it
+    warned. Attributed to the first caller outside popgrad, like :func:`warn_inf`."""
+    bad = sum(int(np.size(g) - np.count_nonzero(np.isfinite(g))) for g in grads)
+    if not bad:
+        return False
+    total = sum(int(np.size(g)) for g in grads)
+    big = max((float(np.max(np.abs(p))) for p in params if np.size(p)), default=0.0)
+    level = _outside_level()
+    warnings.warn(
+        f"{where}: the loss is finite but {bad:,} of {total:,} gradient entries are inf or NaN: the backward "
+        f"pass overflows float64 at these parameters (largest |entry| {big:.3g}); scale the parameters down "
+        "(a smaller init or learning rate)",
+        RuntimeWarning,
+        stacklevel=level,
+    )
+    return True
 
 
 def count_text(n: int) -> str:

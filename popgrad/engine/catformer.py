@@ -43,12 +43,13 @@ lies in ``[0, log S]`` and is never added to a large logit, so no loss rounds be
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from typing import NamedTuple
 
 import numpy as np
 
-from .._validation import ArgumentTypeError, as_eps, as_seqs, warn_inf
+from .._validation import ArgumentTypeError, as_eps, as_seqs, warn_grad_overflow, warn_inf
 from ..model.catformer import CatFormer, catformer_backward, check_task_model
 from ..task.tasks import MultiParentTask, Task
 from . import catformer_symmetry as _sym
@@ -181,15 +182,19 @@ def _dispatch(task, model, params, eps, want_grad, client, opts, symmetry="off")
             return finish_blocks(tjob.job, _ct.run_blocks(task, tjob))
         from . import distributed as _distributed
 
-        return finish_blocks(tjob.job, _distributed.run_blocks(client, task, tjob, _ct.block_work(task, tjob),
-                                                               _ct.run_blocks))
+        t0 = time.perf_counter()
+        partials = _distributed.run_blocks(client, task, tjob, _ct.block_work(task, tjob), _ct.run_blocks)
+        _spec.count(tjob.job, time.perf_counter() - t0)  # "auto" counts the workers' walks too
+        return finish_blocks(tjob.job, partials)
     job = blocks(task, model, params, eps, want_grad, opts)
     if client is None:
         partials = run_blocks(task, job)
     else:  # the same blocks over the client's workers (imports no Dask itself)
         from . import distributed as _distributed
 
+        t0 = time.perf_counter()
         partials = _distributed.run_blocks(client, task, job, block_work(task, job), run_blocks)
+        _spec.count(job, time.perf_counter() - t0)
     return finish_blocks(job, partials)
 
 
@@ -320,7 +325,7 @@ def catformer_rows_loss_and_grad_numpy(seqs, w, model, params, eps=None, chunk=4
         for a, b in zip(dA, dA_c):
             a += b
         dW += dW_c
-    return _finish(loss, dA, dW, True)
+    return _finish(loss, dA, dW, True, (*params.A, params.W))
 
 
 def _validate_rows(seqs, w, model, params, eps, options):
@@ -501,7 +506,7 @@ def finish_blocks(job, partials) -> CatFormerLossAndGrad:
         return _finish(float(_kc.sum_loss(loss_s)), None, None, False)
     loss = float(_kc.sum_slots(loss_s, gr_s))
     dA, dW = _unflatten(job, gr_s[0])
-    return _finish(loss, dA, dW, True)
+    return _finish(loss, dA, dW, True, (job.prm,))
 
 
 def _unflatten(job, g):
@@ -531,10 +536,14 @@ def _reference(task, model, params, eps, want_grad, chunk) -> CatFormerLossAndGr
         for a, b in zip(dA, dA_c):
             a += b
         dW += dW_c
-    return _finish(loss, dA, dW, want_grad)
+    return _finish(loss, dA, dW, want_grad, (*params.A, params.W))
 
 
-def _finish(loss, dA, dW, want_grad) -> CatFormerLossAndGrad:
+def _finish(loss, dA, dW, want_grad, params=()) -> CatFormerLossAndGrad:
+    """The result: NaN gradients and a warning for an infinite or NaN loss; a warning for a finite loss whose
+    gradient overflowed (``params``: the parameter arrays, for the message)."""
+    if want_grad and math.isfinite(loss):
+        warn_grad_overflow("catformer_loss_and_grad", [*dA, dW], params)
     if math.isinf(loss) or math.isnan(loss):
         if math.isinf(loss):
             warn_inf("catformer_loss_and_grad")

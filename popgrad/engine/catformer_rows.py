@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._validation import warn_grad_overflow
 from . import catformer as _ec
 from ._kernels import catformer_rows as _kr
 from ._kernels import single as _ks
@@ -166,4 +167,6 @@ def catformer_batch_loss_and_grad(seqs, w, model, params, eps=None, options=None
         m, d, _ = shape
         dA.append(np.ascontiguousarray(dA_s[0, g:g + m, :d, :d]))
         g += m
-    return CatFormerBatchLossAndGrad(loss, dA, dW_s[0].copy(), row_loss)
+    dW = dW_s[0].copy()
+    warn_grad_overflow("catformer_batch_loss_and_grad", [*dA, dW], (job.A, job.W))
+    return CatFormerBatchLossAndGrad(loss, dA, dW, row_loss)

@@ -267,8 +267,8 @@ def _children(pid):
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
 def test_the_command_s_dask_workers_ignore_sigint(tmp_path):
-    """The cause of the worker tracebacks: spawned workers start with an empty signal mask, so blocking
-    SIGINT while the cluster starts did not shield them; they now ignore it from their first import."""
+    """The workers ignore SIGINT from their first import of popgrad on (and start with it blocked:
+    :func:`test_children_spawned_in_the_shield_start_with_sigint_blocked`)."""
     cmd = Command(["sweep", _spec(tmp_path, 2), "--out", str(tmp_path / "o"), "--no-progress", "--workers", "2"], ROOT)
     try:
         if not cmd.wait_line("Dask scheduler:"):
@@ -281,6 +281,40 @@ def test_the_command_s_dask_workers_ignore_sigint(tmp_path):
             assert ignored & (1 << (signal.SIGINT - 1)), f"worker {pid} does not ignore SIGINT"
     finally:
         cmd.kill()
+
+
+SHIELD_SCRIPT = """
+import multiprocessing, os, sys
+from popgrad._signals import shield_children
+
+
+def report(path):
+    with open("/proc/self/status") as fh:
+        line = next(ln for ln in fh if ln.startswith("SigBlk:"))
+    with open(path, "w") as fh:
+        fh.write(line.split()[1])
+
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("spawn")
+    with shield_children():
+        p = ctx.Process(target=report, args=(sys.argv[1],))
+        p.start()
+    p.join()
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_children_spawned_in_the_shield_start_with_sigint_blocked(tmp_path):
+    """The cause of the worker tracebacks (a Ctrl-C while a worker imported, the sweep test that failed once
+    in a run): the first spawned child of a process starts multiprocessing's resource tracker, whose
+    ``ensure_running`` unblocks SIGINT in the calling thread after its own spawn, which lifted the shield;
+    in a fresh interpreter (no tracker yet) a child spawned inside the shield starts with SIGINT blocked."""
+    script = tmp_path / "shield.py"
+    script.write_text(SHIELD_SCRIPT)
+    out = tmp_path / "sigblk"
+    subprocess.run([sys.executable, str(script), str(out)], env=_env(), cwd=ROOT, check=True, timeout=PHASE_TIMEOUT)
+    assert int(out.read_text(), 16) & (1 << (signal.SIGINT - 1)), f"SigBlk {out.read_text()}: SIGINT not blocked"
 
 
 FIELD_SCRIPT = """

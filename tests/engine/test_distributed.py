@@ -103,6 +103,55 @@ def test_full_model_specialized_on_the_workers(client):
     assert any(loaded.values()), loaded
 
 
+def test_full_model_client_calls_count_towards_auto(client):
+    """``"auto"`` counts the wall time of a ``client=`` call, whose walks all run on the workers (before, such a
+    run never switched): the layout's count grows in the client, and the decision follows it."""
+    from popgrad.engine import catformer as E
+    from popgrad.engine._kernels import specialize as SP
+
+    task = pg.Task(pg.random_tree(5, seed=2), pg.dirichlet_prior(2, 1.0, 2, seed=1))
+    model = pg.CatFormer(2, 5, heads=(1, 1))
+    params = model.init(0.5, 4)
+    off = pg.EngineOptions(catformer_specialize="off", prefix_block_sequences=4)
+    job = E.blocks(task, model, params, 0.0, True, off)
+    SP.reset_counts()
+    try:
+        pg.catformer_loss_and_grad(task, model, params, options=off, client=client)
+        spent = SP.spent(job.sizes, job.hinfo)
+        assert spent > 0.0
+        if not SP.loaded(job.sizes, job.hinfo):  # (a module loaded in this process decides by itself)
+            auto = pg.EngineOptions(catformer_specialize_seconds=spent * 1.5)
+            assert not SP.decide(job.sizes, job.hinfo, auto)
+            pg.catformer_loss_and_grad(task, model, params, options=off, client=client)
+            assert SP.spent(job.sizes, job.hinfo) > spent
+            assert SP.decide(job.sizes, job.hinfo, auto) == (SP.spent(job.sizes, job.hinfo) >= spent * 1.5)
+    finally:
+        SP.reset_counts()
+
+
+def test_a_worker_without_a_kernel_folder_runs_the_general_walks(tmp_path, monkeypatch):
+    """A job decided specialized on a machine whose kernel folder cannot be written (a Dask worker's) runs the
+    general walks, the same bits, with one warning."""
+    from popgrad.engine import catformer as E
+    from popgrad.engine._kernels import catformer_walk
+    from popgrad.engine._kernels import specialize as SP
+
+    task = pg.Task(pg.random_tree(3, seed=2), pg.dirichlet_prior(2, 1.0, 2, seed=1))
+    model = pg.CatFormer(2, 3, heads=(1, 1))
+    params = model.init(0.5, 4)
+    job = E.blocks(task, model, params, 0.0, True, pg.EngineOptions(catformer_specialize="off"))._replace(specialized=True)
+    assert not SP.loaded(job.sizes, job.hinfo)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("POPGRAD_KERNEL_DIR", str(blocker / "kernels"))  # under a file: cannot be created
+    monkeypatch.setattr(SP, "_WARNED", [])
+    with pytest.warns(RuntimeWarning, match="runs its general kernels.*cannot be created"):
+        assert SP.walks(job) is catformer_walk
+    ref = pg.catformer_loss_and_grad(task, model, params, options=pg.EngineOptions(catformer_specialize="off"))
+    r = E.finish_blocks(job, E.run_blocks(task, job))
+    assert r.loss == ref.loss and all(np.array_equal(a, b) for a, b in zip(r.dA + [r.dW], ref.dA + [ref.dW]))
+
+
 @pytest.mark.parametrize("multi", [False, True])
 def test_noise_engine(client, multi):
     """The gradient-noise engine on the block protocol: ``client=`` and ``options=`` honoured, same bits."""

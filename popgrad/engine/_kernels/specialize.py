@@ -41,7 +41,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["MODES", "kernel_dir", "source", "walk_module", "walks", "run", "decide", "loaded", "spent",
+__all__ = ["MODES", "kernel_dir", "source", "walk_module", "walks", "run", "count", "decide", "loaded", "spent",
            "reset_counts"]
 
 #: The values of ``EngineOptions.catformer_specialize``.
@@ -173,11 +173,20 @@ def walk_module(sizes, hinfo):
 
 def walks(job):
     """The walk module that runs a full-model job (:class:`popgrad.engine.catformer.CatFormerJob`): the one
-    compiled for its layout when ``job.specialized`` (the same bits), else :mod:`.catformer_walk`."""
-    if job.specialized:
-        return walk_module(job.sizes, job.hinfo)
+    compiled for its layout when ``job.specialized`` (the same bits), else :mod:`.catformer_walk`.
+
+    A Dask worker runs what its client decided; one whose kernel folder cannot be written runs the
+    general walks instead (the same bits), with one warning per process.
+    """
     from . import catformer_walk
 
+    if job.specialized:
+        try:
+            return walk_module(job.sizes, job.hinfo)
+        except KernelDirError as exc:
+            if not _WARNED:
+                _WARNED.append(True)
+                warnings.warn(f"the full model runs its general kernels: {exc}", RuntimeWarning, stacklevel=3)
     return catformer_walk
 
 
@@ -195,15 +204,24 @@ def run(job, name, parallel, *args):
         return fn(*args)
     t0 = time.perf_counter()
     out = fn(*args)
-    dt = time.perf_counter() - t0
-    key = _layout_key(job.sizes, job.hinfo)
-    with _LOCK:
-        _SPENT[key] = _SPENT.get(key, 0.0) + dt
+    count(job, time.perf_counter() - t0)
     return out
 
 
+def count(job, seconds) -> None:
+    """Add ``seconds`` of general walks on ``job``'s layout to :func:`spent` (nothing for a specialized job).
+    :func:`run` counts the walks of this process; the engine counts the wall time of a ``client=`` call
+    here too, so that ``"auto"`` also switches a run whose walks all run on Dask workers."""
+    if job.specialized:
+        return
+    key = _layout_key(job.sizes, job.hinfo)
+    with _LOCK:
+        _SPENT[key] = _SPENT.get(key, 0.0) + float(seconds)
+
+
 def spent(sizes, hinfo) -> float:
-    """Wall seconds this process has spent in the general walks on this layout (since :func:`reset_counts`)."""
+    """Wall seconds this process has spent in the general walks on this layout, its own or waiting for Dask
+    workers running them (since :func:`reset_counts`)."""
     return _SPENT.get(_layout_key(sizes, hinfo), 0.0)
 
 
