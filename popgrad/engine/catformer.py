@@ -180,22 +180,25 @@ def _dispatch(task, model, params, eps, want_grad, client, opts, symmetry="off")
         tjob = _ct.blocks(task, blocks(None, model, params, eps, want_grad, opts), opts)
         if client is None:
             return finish_blocks(tjob.job, _ct.run_blocks(task, tjob))
-        from . import distributed as _distributed
-
-        t0 = time.perf_counter()
-        partials = _distributed.run_blocks(client, task, tjob, _ct.block_work(task, tjob), _ct.run_blocks)
-        _spec.count(tjob.job, time.perf_counter() - t0)  # "auto" counts the workers' walks too
-        return finish_blocks(tjob.job, partials)
+        return finish_blocks(tjob.job, _over_client(client, task, tjob, tjob.job, _ct.block_work(task, tjob),
+                                                    _ct.run_blocks))
     job = blocks(task, model, params, eps, want_grad, opts)
     if client is None:
         partials = run_blocks(task, job)
-    else:  # the same blocks over the client's workers (imports no Dask itself)
-        from . import distributed as _distributed
-
-        t0 = time.perf_counter()
-        partials = _distributed.run_blocks(client, task, job, block_work(task, job), run_blocks)
-        _spec.count(job, time.perf_counter() - t0)
+    else:
+        partials = _over_client(client, task, job, job, block_work(task, job), run_blocks)
     return finish_blocks(job, partials)
+
+
+def _over_client(client, task, job, walk_job, work, run):
+    """``job``'s blocks over the client's workers (imports no Dask itself); the wall time it waits counts
+    towards ``"auto"`` for ``walk_job``'s layout, as this process's own walks do (``specialize.count``)."""
+    from . import distributed as _distributed
+
+    t0 = time.perf_counter()
+    partials = _distributed.run_blocks(client, task, job, work, run)
+    _spec.count(walk_job, time.perf_counter() - t0)
+    return partials
 
 
 # ====================================================================== explicit rows

@@ -184,10 +184,15 @@ def walks(job):
         try:
             return walk_module(job.sizes, job.hinfo)
         except KernelDirError as exc:
-            if not _WARNED:
-                _WARNED.append(True)
-                warnings.warn(f"the full model runs its general kernels: {exc}", RuntimeWarning, stacklevel=3)
+            _warn_general(exc)
     return catformer_walk
+
+
+def _warn_general(exc) -> None:
+    """Once per process: the general kernels run because the kernel folder cannot be used (``exc``)."""
+    if not _WARNED:
+        _WARNED.append(True)
+        warnings.warn(f"the full model runs its general kernels: {exc}", RuntimeWarning, stacklevel=4)
 
 
 def loaded(sizes, hinfo) -> bool:
@@ -250,9 +255,7 @@ def decide(sizes, hinfo, opts) -> bool:
     try:
         kernel_dir()
     except KernelDirError as exc:
-        if not _WARNED:
-            _WARNED.append(True)
-            warnings.warn(f"the full model runs its general kernels: {exc}", RuntimeWarning, stacklevel=3)
+        _warn_general(exc)
         return False
     return True
 
