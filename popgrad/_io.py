@@ -125,6 +125,21 @@ def memory_limit() -> int | None:
     return min(found) if found else None
 
 
+def size_text(n) -> str:
+    """Bytes as text (``"1.5 GiB"``); past ``2^70`` as a power of two. Python integers: any size."""
+    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}" if n < 2**70 else f"2^{int(n).bit_length() - 1} bytes"
+    return f"{n / 2**10:.1f} KiB"
+
+
+def over_half_of_memory(need) -> int | None:
+    """The memory this process may use (:func:`memory_limit`) when ``need`` bytes exceed half of it, else
+    ``None`` (also where the limit is unknown): the one rule of the up-front size refusals."""
+    limit = memory_limit()
+    return limit if limit is not None and need > limit // 2 else None
+
+
 @contextmanager
 def atomic_path(path):
     """Yield a temporary path beside ``path``; on success ``os.replace`` it into place.

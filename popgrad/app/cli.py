@@ -207,7 +207,10 @@ def _command(args) -> int:
         if args.command == "summary":
             task = build_task(cfg)
             say(task.summary())
-            say(f"exact weight total: {_weight_total(task)!r} (the prior's weights; sequences are not enumerated)")
+            if task.continuous:  # a density: no atoms to add up (the weight table is built by the engines)
+                say("exact weight total: 1.0 (a continuous prior: a probability density; sequences are not enumerated)")
+            else:
+                say(f"exact weight total: {_weight_total(task)!r} (the prior's weights; sequences are not enumerated)")
         else:
             report = run(cfg, resume=args.resume, progress=not args.no_progress, log=say,
                          scheduler=getattr(args, "scheduler", None), worker_timeout=args.worker_timeout)

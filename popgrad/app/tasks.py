@@ -8,8 +8,6 @@
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .._validation import is_int
@@ -17,6 +15,7 @@ from ..task import (DEFAULT_MAX_SEQUENCES, CausalGraph, DirichletPrior, Dirichle
                     chain, dirichlet_prior, dirichlet_tensor_prior, icl_pairs, ngram, official_random_tree,
                     random_tree, two_parent)
 from ..task.priors import MAX_CLOSURE_ATOMS
+from ..task.tensor_priors import closure_atoms
 from .settings import CLIError, Flag
 
 __all__ = ["TASK_FLAGS", "RUN_FLAGS", "TASK_DEFAULTS", "RUN_DEFAULTS", "MULTI_PARENT_GRAPHS",
@@ -39,6 +38,10 @@ FINITE_PRIOR_KEYS = ("atoms", "uniform_mean", "floor")
 
 #: ``--graph`` values that build a multi-parent task.
 MULTI_PARENT_GRAPHS = ("ngram", "two-parent")
+
+#: How the finite prior of a multi-parent graph is closed (``dirichlet_tensor_prior``'s ``symmetrize``): its
+#: inputs and outputs relabeled independently, ``(S!)²`` atoms per draw.
+MULTI_PARENT_SYMMETRY = "full"
 
 #: Largest alphabet and sequence length ``popgrad run`` builds.
 MAX_S = 16
@@ -189,12 +192,15 @@ def build_task(cfg) -> Task | MultiParentTask:
     if not 0 <= floor < 1:
         raise CLIError(f"--floor {floor} must be in [0, 1): the weight of the uniform matrix in each draw")
     if spec in MULTI_PARENT_GRAPHS and not continuous:
-        n_relabel = math.factorial(S)  # the k-parent closure is built: refuse one too large first
+        # the k-parent closure (inputs and outputs relabeled independently) is built: refuse one too large first
+        n_relabel = closure_atoms(S, 1, MULTI_PARENT_SYMMETRY)
         if cfg["atoms"] * n_relabel > MAX_CLOSURE_ATOMS:
             most = MAX_CLOSURE_ATOMS // n_relabel
-            fix = f"use --atoms {most} or fewer" if most >= 1 else "use a smaller --S"
-            raise CLIError(f"--S {S} --atoms {cfg['atoms']}: the prior closed under all {S}! relabelings has "
-                           f"{cfg['atoms'] * n_relabel:,} atoms (limit {MAX_CLOSURE_ATOMS:,}): {fix}")
+            fix = f"use --atoms {most} or fewer, or --prior continuous" if most >= 1 else \
+                "use a smaller --S, or --prior continuous"
+            raise CLIError(f"--S {S} --atoms {cfg['atoms']}: the prior closed under all ({S}!)² relabelings of "
+                           f"its inputs and outputs has {cfg['atoms'] * n_relabel:,} atoms "
+                           f"(limit {MAX_CLOSURE_ATOMS:,}): {fix}")
     if spec in MULTI_PARENT_GRAPHS:
         if spec == "ngram":
             n = cfg.get("n", 3)
@@ -210,7 +216,7 @@ def build_task(cfg) -> Task | MultiParentTask:
             prior = DirichletTensorPrior(S, graph.k, cfg["alpha"])
         else:
             prior = dirichlet_tensor_prior(S, graph.k, cfg["alpha"], cfg["atoms"], seed=cfg["seed"],
-                                           symmetrize="full")
+                                           symmetrize=MULTI_PARENT_SYMMETRY)
         return MultiParentTask(graph, prior, max_sequences=cfg["max_sequences"])
     graph = build_graph(spec, T, cfg["seed"])
     if continuous:

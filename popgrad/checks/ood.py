@@ -226,8 +226,13 @@ def check_ood(task: Task, A1, A2, pi_ood=None, gamma: float = 0.3, quantile: flo
     q_est = _quantile(task, pi_ood, quantile, predictor=count_predictor(task.graph, S, model_limit=False))[0]
     table = context_free_table(task)
     q_cf, m_cf = _quantile(task, pi_ood, quantile, predictor=context_free_predictor(table))
-    e_in, p_in = sup_error_distribution(task, A1, A2, task.prior.atoms, task.prior.weights)
-    q_in = _weighted_quantile(e_in, p_in, quantile)
+    if task.continuous:  # no atoms to weigh the in-distribution errors by; every π̃ lies in the Dirichlet's support
+        q_in = m_in = distance = None
+    else:
+        e_in, p_in = sup_error_distribution(task, A1, A2, task.prior.atoms, task.prior.weights)
+        q_in = _weighted_quantile(e_in, p_in, quantile)
+        m_in = float(e_in @ p_in / p_in.sum())
+        distance = float(np.abs(task.prior.atoms - pi_ood[None]).max(axis=(1, 2)).min())
     details = {
         "quantile": quantile,
         "ood_quantile": qo[-1],
@@ -237,13 +242,15 @@ def check_ood(task: Task, A1, A2, pi_ood=None, gamma: float = 0.3, quantile: flo
         "ood_mean_context_free": m_cf,
         "context_free_table": table,
         "in_distribution_quantile": q_in,
-        "in_distribution_mean": float(e_in @ p_in / p_in.sum()),
-        "ood_in_ratio": qo[-1] / q_in if q_in > 0 else float("inf"),
+        "in_distribution_mean": m_in,
+        "ood_in_ratio": None if q_in is None else qo[-1] / q_in if q_in > 0 else float("inf"),
         "pi_ood": pi_ood,
         "pi_ood_min_times_S": float(pi_ood.min() * S),
-        "pi_ood_distance_to_prior_support": float(
-            np.abs(task.prior.atoms - pi_ood[None]).max(axis=(1, 2)).min()
-        ),
+        "pi_ood_distance_to_prior_support": distance,
     }
+    if task.continuous:
+        details["in_distribution_note"] = ("not computed: the continuous prior has no atoms to weigh the "
+                                           "in-distribution errors by, and its support (every transition matrix) "
+                                           "contains pi~; the verdict uses q, q_count and q_cf only")
     res = ood_verdict("ood_generalization", statement, T, te, qo, q_count, q_cf, details)
     return within_hypotheses(res, _hypotheses(task, hypotheses))

@@ -138,6 +138,10 @@ def check_alignment_rate(graph_for_T: Callable, prior, T_values=None, eps=None, 
     return within_hypotheses(res, hypotheses, NEEDS["alignment_rate"])
 
 
+#: What :func:`check_field_dpi` tests.
+FIELD_DPI_STATEMENT = "s_j -> s_p(i) -> s_i: the parent maximizes the exact first-order field over j < i (DPI)"
+
+
 def check_field_dpi(task: Task, eps=None, M=None) -> CheckResult:
     """The data-processing inequality in the exact field, row by row (no enumeration).
 
@@ -148,7 +152,7 @@ def check_field_dpi(task: Task, eps=None, M=None) -> CheckResult:
     for ``g``. Value: the smallest margin of ``S·M`` (threshold 0: the parent
     wins every row).
     """
-    statement = "s_j -> s_p(i) -> s_i: the parent maximizes the exact first-order field over j < i (DPI)"
+    statement = FIELD_DPI_STATEMENT
     rows = [int(i) for i in _context_rows(task.graph)]
     if M is None:
         M = stage1_field(task, eps).M

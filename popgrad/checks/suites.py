@@ -24,6 +24,7 @@ from . import (check_alignment_rate, check_field_dpi, check_gradient_alignment, 
                check_loss_convergence, check_loss_convergence_sampled, check_ood, check_ood_sampled, check_roots,
                check_roots_at_scale, converge_stage2, default_alignment_T, default_roots_T, loss_sweep,
                measure_hypotheses, not_applicable, reference_losses, within_hypotheses)
+from .scale import FIELD_DPI_STATEMENT
 
 __all__ = ["ALIGNMENT_TOP_T", "ROOTS_TOP_T", "SINGLE_PARENT_CHECKS", "exact_reference_losses",
            "softmax_reference_losses", "no_population_references", "stage2_optimum", "single_parent_suite"]
@@ -38,6 +39,11 @@ ROOTS_TOP_T = 80
 #: The checks of :func:`single_parent_suite`, in order.
 SINGLE_PARENT_CHECKS = ("graph_recovery", "gradient_alignment", "field_dpi", "loss_convergence",
                         "ood_generalization", "roots_uniform")
+
+
+#: Why a check that sums over a finite prior's atoms has nothing to test under the continuous prior.
+NO_ATOMS = ("the continuous prior has no atoms, and {what} is a sum over a finite prior's atoms: run its finite "
+            "stand-in (--prior finite) for this check")
 
 
 def _value(v):
@@ -117,7 +123,11 @@ def single_parent_suite(task, trajectory, A1_hat, refs, objective=None, *, famil
             "excess_over_bayes_eps": swept["excess_bayes"], "excess_over_floor_eps": swept["excess_floor"],
             "fitted_exponent": swept["fit"].exponent, "fitted_exponent_stderr": swept["fit"].stderr,
         }
-    if not has_idealized_gradient(task):
+    continuous = task.continuous
+    if continuous:
+        alignment = not_applicable("gradient_alignment", "S*M_i = g_i + O(T_eff^-1/2) (Knowl 3)",
+                                   NO_ATOMS.format(what="the idealized gradient g"))
+    elif not has_idealized_gradient(task):
         alignment = not_applicable("gradient_alignment", "S*M_i = g_i + O(T_eff^-1/2) (Knowl 3)",
                                    "a prior draw is reducible (a stationary probability is 0): the idealized "
                                    "gradient g divides by it")
@@ -129,7 +139,7 @@ def single_parent_suite(task, trajectory, A1_hat, refs, objective=None, *, famil
     else:
         alignment = not_applicable("gradient_alignment", "S*M_i = g_i + O(T_eff^-1/2) (Knowl 3)",
                                    "needs a graph family over T (chain, icl, random) and the sweep")
-    if family is not None and sweep:  # Knowl 3.3 is a statement about T: a sweep of the field
+    if family is not None and sweep and not continuous:  # Knowl 3.3 is a statement about T: a sweep of the field
         roots = check_roots_at_scale(family, task.prior, default_roots_T(task.S, top=ROOTS_TOP_T),
                                      lr1=kw["lr1"], steps1=kw["steps1"], beta0=kw["beta0"],
                                      name="roots_uniform", hypotheses=hyp)
@@ -147,7 +157,8 @@ def single_parent_suite(task, trajectory, A1_hat, refs, objective=None, *, famil
     results = [
         check_graph_recovery(task, A1_hat, hypotheses=hyp),
         alignment,
-        within_hypotheses(check_field_dpi(task), hyp),
+        not_applicable("field_dpi", FIELD_DPI_STATEMENT, NO_ATOMS.format(what="the exact first-order field"))
+        if continuous else within_hypotheses(check_field_dpi(task), hyp),
         check_loss_convergence(task, A1, A2, kw["beta0"], references=exact_refs, trajectory=trajectory,
                                optimum=optimum, hypotheses=hyp)
         if exact_stage2 else check_loss_convergence_sampled(objective, A1, A2, trajectory=trajectory,

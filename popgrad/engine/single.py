@@ -259,7 +259,8 @@ def run_blocks(task, job, lo=0, hi=None) -> Partials:
         block_size, n_blocks = _table.table_blocks(task, opts)
         hi = n_blocks if hi is None else hi
         seqs, w = _table.table_rows(task, lo * block_size, min(task.n_sequences, hi * block_size))
-        loss_s, G_s, dA2_s = _slots(hi - lo, T, S)
+        n = hi - lo
+        loss_s, G_s, dA2_s = _slots(n, T, S)
         _k.loss_grad_rows(seqs, w, job.P, job.A2, job.eps, block_size, 1 if job.want_grad else 0,
                           loss_s, G_s, dA2_s)
     elif job.engine == "direct":

@@ -69,7 +69,7 @@ def _check_size(model) -> None:
     ``Σ_ℓ m_ℓ d_{ℓ-1}² + d_L S`` as float64, about :data:`TRAINING_COPIES` times over, against half
     of the memory this process may use (:func:`popgrad._io.memory_limit`, ``ulimit -v`` included).
     Python integers throughout: no overflow however large the heads."""
-    from .._io import memory_limit
+    from .._io import memory_limit, size_text as _bytes
 
     n = sum(m * d * d for m, d in zip(model._heads, model._dims[:-1])) + model._dims[-1] * model._S
     need = TRAINING_COPIES * 8 * n
@@ -87,13 +87,6 @@ def _check_size(model) -> None:
 def _short(t) -> str:
     text = str(tuple(t))
     return text if len(text) <= 60 else text[:50] + "...)"
-
-
-def _bytes(n) -> str:
-    for unit, scale in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}" if n < 2**70 else f"2^{n.bit_length() - 1} bytes"
-    return f"{n / 2**10:.1f} KiB"
 
 
 class CatFormer:

@@ -16,6 +16,7 @@ all ``S!`` relabelings ``π^σ(σc | σa_1 .. σa_k) = π(c | a_1 .. a_k)``.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -24,7 +25,7 @@ from .._validation import as_int, as_rng
 from .priors import FinitePrior, checked_atoms, dirichlet_arguments
 from .relabeling import MAX_CLOSURE_ATOMS, closed_under_relabeling
 
-__all__ = ["TensorPrior", "TensorPriorDiagnostics", "dirichlet_tensor_prior", "relabel_tensor"]
+__all__ = ["TensorPrior", "TensorPriorDiagnostics", "closure_atoms", "dirichlet_tensor_prior", "relabel_tensor"]
 
 
 # =================================================================== priors
@@ -233,6 +234,15 @@ def _flat_atoms(a, k):
     return a.reshape(a.shape[0], -1, S)
 
 
+def closure_atoms(S: int, n_atoms: int, symmetrize) -> int:
+    """Atoms of :func:`dirichlet_tensor_prior`'s closure: ``n_atoms`` times ``S!`` (``True``, ``"relabel"``),
+    ``S!²`` (``"full"``: inputs and outputs relabeled independently) or 1 (``False``)."""
+    if symmetrize is False:
+        return n_atoms
+    n_perm = math.factorial(S)
+    return n_atoms * n_perm * (n_perm if symmetrize == "full" else 1)
+
+
 def dirichlet_tensor_prior(S: int, k: int, alpha: float, n_atoms: int, seed, symmetrize=True) -> TensorPrior:
     """A finite prior of ``k``-parent transition tensors with Dirichlet(α) rows.
 
@@ -283,7 +293,7 @@ def dirichlet_tensor_prior(S: int, k: int, alpha: float, n_atoms: int, seed, sym
         raise ValueError(f"symmetrize must be True, False, 'relabel' or 'full', got {symmetrize!r}")
     perms = list(itertools.permutations(range(S)))
     outs = perms if symmetrize == "full" else [None]
-    n_out = n_atoms * len(perms) * len(outs)
+    n_out = closure_atoms(S, n_atoms, symmetrize)
     if n_out > MAX_CLOSURE_ATOMS:
         raise ValueError(
             f"closing {n_atoms} atoms under {symmetrize!r} symmetry would create {n_out} atoms "

@@ -96,6 +96,14 @@ def test_summary_command(capsys):
     assert "exact weight total" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("graph", ["chain", "two-parent"])
+def test_summary_of_the_continuous_prior(graph, capsys):
+    # the official prior has no atoms to add up: the summary says so instead of failing on the last line
+    assert cli.main(["summary", "--prior", "continuous", "--roots", "uniform", "--graph", graph, "--T", "6"]) == 0
+    out = capsys.readouterr()
+    assert "exact weight total: 1.0 (a continuous prior" in out.out and out.err == ""
+
+
 def test_default_task_checks_pass(tmp_path):
     """The built-in default (chain, S=3, T=10, exact) is inside every measured Knowl 10 assumption; each check
     is decided or says why not (issue 17); Knowl 4 is pre-asymptotic at T = 10 (issue 27)."""

@@ -94,6 +94,30 @@ def test_memory_guard_honours_the_process_limit(monkeypatch, tmp_path, capsys):
     _refused(capsys, rc, "1.0 GiB this process may use")
 
 
+@pytest.mark.parametrize("prior", [[], ["--prior", "continuous"]])
+def test_sampled_catformer_batch_is_refused_past_memory(monkeypatch, tmp_path, capsys, prior):
+    # a batch that cannot fit used to be a MemoryError traceback from the first draw
+    import resource
+
+    real = resource.getrlimit
+    monkeypatch.setattr(resource, "getrlimit",
+                        lambda lim: (2**30, resource.RLIM_INFINITY) if lim == resource.RLIMIT_AS else real(lim))
+    args = ["run", "--model", "catformer", "--gradient", "sampled", "--S", "2", "--T", "6", "--steps", "2",
+            *prior, "--no-progress", "--out", str(tmp_path / "o")]
+    rc, seconds = _main(*args, "--batch-size", "10000000000")
+    err = _refused(capsys, rc, "1.0 GiB this process may use")
+    assert "--batch-size 10,000,000,000 needs about" in err and seconds < QUICK
+    assert not (tmp_path / "o").exists()
+    most = int(err.split("use --batch-size ")[1].split(" ")[0].replace(",", ""))
+    from popgrad.app.kinds.catformer import batch_bytes_per_sequence
+    from popgrad.app.jobs import DEFAULTS, build_task
+
+    task = build_task(dict(DEFAULTS, S=2, T=6, prior="continuous" if prior else "finite"))
+    assert most * batch_bytes_per_sequence(task) <= 2**29 < (most + 1) * batch_bytes_per_sequence(task)
+    rc, _ = _main(*args, "--batch-size", str(most + 1))
+    _refused(capsys, rc, f"use --batch-size {most:,} or fewer")
+
+
 def test_summary_of_an_astronomical_task(capsys):
     rc, _ = _main("summary", "--S", "16", "--T", "4096")
     assert rc == 0, capsys.readouterr().err

@@ -75,6 +75,23 @@ def test_large_closure_refused_up_front(tmp_path, capsys):
     assert "--atoms" in err and not (tmp_path / "o").exists()
 
 
+def test_multi_parent_closure_refused_up_front_with_its_real_size(tmp_path, capsys):
+    # a multi-parent prior is closed under (S!)² relabelings (inputs and outputs independently): the
+    # official two-parent size S = 5 with the default 16 draws is 230,400 atoms, refused before anything
+    # is built, with the CLI's ways out (the check used to count S! and let the library's error through)
+    rc = main(["run", "--graph", "two-parent", "--S", "5", "--T", "6", "--out", str(tmp_path / "o")])
+    err = _one_line_error(capsys, 2, rc)
+    assert "230,400 atoms" in err and "--atoms 13 or fewer" in err and "--prior continuous" in err, err
+    assert "symmetrize" not in err and not (tmp_path / "o").exists()
+
+
+def test_closure_atoms_counts_the_closure():
+    from popgrad.task.tensor_priors import closure_atoms, dirichlet_tensor_prior
+
+    for S, k, n, sym in ((2, 2, 3, "full"), (3, 1, 2, "full"), (3, 2, 2, True), (3, 2, 2, "relabel"), (2, 2, 5, False)):
+        assert closure_atoms(S, n, sym) == dirichlet_tensor_prior(S, k, 1.0, n, seed=0, symmetrize=sym).K
+
+
 def test_s8_one_atom_is_fast(tmp_path):
     import popgrad
     from popgrad.app.jobs import DEFAULTS, build_task

@@ -19,6 +19,7 @@ import os
 
 import numpy as np
 
+from ..._io import over_half_of_memory, size_text
 from ...checks import catformer as CC
 from ...checks.catformer_sampled import sampled_catformer_checks, sampled_readouts
 from ...checks.suites import softmax_reference_losses
@@ -63,6 +64,23 @@ FLAGS = (
     Flag("batch_size", "int", 1, help=f"catformer --gradient sampled: sequences per step (default {_c['batch_size']})"),
     Flag("sample_seed", "int", 0, help="catformer --gradient sampled: seed of the batches (default 0)"),
 )
+
+
+def batch_bytes_per_sequence(task) -> int:
+    """An upper estimate of one sampled sequence's share of a step's peak memory: ``(3T + 4S² + 4S) x 8``
+    bytes (the draw: tokens, uniforms, a fresh ``π`` per sequence for the continuous prior, the label; the
+    rows kernel's sorted copy). Measured peaks: 0.4-0.8 of it (S = 2…5, T = 6…64, both priors)."""
+    return (3 * task.T + 4 * task.S**2 + 4 * task.S) * 8
+
+
+def check_batch_size(n, task) -> None:
+    """Refuse ``--batch-size`` whose step cannot fit in memory (half of what this process may use), in one line."""
+    per = batch_bytes_per_sequence(task)
+    memory = over_half_of_memory(n * per)
+    if memory is not None:
+        raise CLIError(f"--batch-size {n:,} needs about {size_text(n * per)} per step (n x (3T + 4S^2 + 4S) x 8 "
+                       f"bytes, an upper estimate), more than half of the {size_text(memory)} this process may use: "
+                       f"use --batch-size {max(1, memory // 2 // per):,} or fewer (default 1024)")
 
 
 def parse_heads(text) -> tuple:
@@ -163,6 +181,8 @@ class CatFormerKind(KindBase):
                 raise CLIError(f"--model catformer needs the exact population with --gradient exact (it trains "
                                f"on every sequence): {what}; use {how}, or train on sampled batches: "
                                "--gradient sampled") from None
+        if sampled:
+            check_batch_size(cfg["batch_size"], task)
         steps = cfg["steps"]
         record_every = cfg.get("record_every") or max(1, steps // 128)
         train = CatFormerTrainConfig(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from ..._io import over_half_of_memory, size_text
 from ...checks.suites import (ALIGNMENT_TOP_T, ROOTS_TOP_T, SINGLE_PARENT_CHECKS, exact_reference_losses,
                               no_population_references, single_parent_suite)
 from ...engine.sampled import SampledObjective, sampled_reference_losses
@@ -84,33 +85,19 @@ def check_schedule(cfg) -> None:
         raise CLIError(f"--schedule {cfg['schedule']!r}: use two-stage or joint")
 
 
-def _memory_bytes() -> int | None:
-    """The memory this process may use (physical, or its ``ulimit -v`` when lower), or ``None`` where unknown."""
-    from ..._io import memory_limit
-
-    return memory_limit()
-
-
-def _size(n: float) -> str:
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n / 2**10:.1f} KiB"
-
-
 def check_sample_size(cfg, task) -> None:
     """Refuse a sampled Stage 2 whose sample cannot fit in memory: ``--samples`` x (T tokens + 2 S
     label weights) x 8 bytes, against half of the memory this process may use (physical or its ulimit -v)."""
     n = cfg.get("samples", 0)
     if cfg.get("stage2") != "sampled" or not n or cfg.get("steps2", 0) == 0:
         return
-    need = n * (task.T + 2 * task.S) * 8
-    memory = _memory_bytes()
-    if memory is not None and need > memory // 2:
-        most = max(2, memory // 2 // ((task.T + 2 * task.S) * 8))
-        raise CLIError(f"--samples {n:,} needs about {_size(need)} for the Stage-2 sample (n x (T + 2S) x 8 bytes), "
-                       f"more than half of the {_size(memory)} this process may use: use --samples {most:,} or fewer, or "
-                       "--samples 0 (chosen from a pilot sample for a standard error of 1e-3)")
+    per = (task.T + 2 * task.S) * 8
+    memory = over_half_of_memory(n * per)
+    if memory is not None:
+        raise CLIError(f"--samples {n:,} needs about {size_text(n * per)} for the Stage-2 sample (n x (T + 2S) x 8 "
+                       f"bytes), more than half of the {size_text(memory)} this process may use: use --samples "
+                       f"{max(2, memory // 2 // per):,} or fewer, or --samples 0 (chosen from a pilot sample for a "
+                       "standard error of 1e-3)")
 
 
 def loss_sweep_markdown(sweep) -> list:
@@ -167,6 +154,12 @@ class ReducedSingle(KindBase):
                            f"--steps2 0, {smaller}")
         if not enumerable and cfg["schedule"] == "joint":
             raise CLIError(f"--schedule joint needs {size}: use --schedule two-stage")
+        if task.continuous and gradient in ("field", "idealized"):
+            what = "the Stage-1 field" if gradient == "field" else "the idealized gradient"
+            picked = " (what --gradient auto takes beyond enumeration)" if cfg["gradient"] == "auto" else ""
+            how = "--gradient exact" if enumerable else f"{smaller} for --gradient exact"
+            raise CLIError(f"--gradient {gradient}{picked} sums over the prior's atoms ({what}), and --prior "
+                           f"continuous has none: use {how}, or --prior finite")
         if gradient == "idealized" and not has_idealized_gradient(task):
             raise CLIError(f"--gradient idealized --alpha {cfg['alpha']}: a prior draw is reducible (a stationary "
                            "probability is 0) and the idealized gradient divides by it: use --gradient exact or "
