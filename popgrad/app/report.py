@@ -23,6 +23,7 @@ from ..checks.hypotheses import measure_hypotheses
 from ..checks.results import _jsonable, all_passed
 from ..task.tasks import MultiParentTask
 from ..theory.information import assumptions
+from .tasks import FINITE_PRIOR_KEYS
 
 #: Said (console and report) when ``uniform_mean`` is asked but the draws cannot be tilted to it.
 UNIFORM_MEAN_IMPOSSIBLE = ("uniform_mean = true, but every draw's trace is on one side of 1, so no reweighting "
@@ -81,12 +82,19 @@ def weights_accuracy(task) -> dict:
             "method": acc.method, "statistical": bool(acc.statistical), "summary": acc.summary()}
 
 
+#: The report's per-draw assumptions under a continuous prior (it has no draws to measure them on).
+NO_DRAWS = ("the continuous prior has no atoms, and these quantities (chi-squared information, mu_min, sigma_2, ...) "
+            "are taken per draw of a finite prior; the hypotheses table reads what holds for every draw")
+
+
 def build_report(config: dict, task, trajectory, checks, references: dict, extra: dict | None = None) -> dict:
     """Assemble the report dictionary (JSON-serialisable)."""
     try:
         if isinstance(task, MultiParentTask):  # its tensor prior's diagnostics
             assume = {**task.prior.diagnostics()._asdict(), "k": task.k, "root_fraction": task.graph.root_fraction,
                       "t_eff": task.t_eff}
+        elif task.continuous:  # the per-draw quantities are sums over a finite prior's draws
+            assume = {"not_measured": NO_DRAWS}
         else:
             assume = assumptions(task)._asdict()
     except ValueError as exc:  # e.g. a reducible atom (mu has a zero): say so instead of failing
@@ -244,8 +252,10 @@ def render_markdown(report: dict, sections=()) -> str:
         *([f"Weights: {t['weights']['summary']}."] if t.get("weights") else []),
         f"_{t['note']}._",
         "",
-        "Paper assumptions (Knowl 10) measured on this task: "
-        + ", ".join(f"{k} = {_fmt(v)}" for k, v in t["assumptions"].items()),
+        ("Paper assumptions (Knowl 10) per prior draw: not measured: " + t["assumptions"]["not_measured"]
+         if "not_measured" in t["assumptions"] else
+         "Paper assumptions (Knowl 10) measured on this task: "
+         + ", ".join(f"{k} = {_fmt(v)}" for k, v in t["assumptions"].items())),
         "",
     ]
     hyp = t.get("hypotheses") or {}
@@ -265,7 +275,8 @@ def render_markdown(report: dict, sections=()) -> str:
             lines += [f"Note: {UNIFORM_MEAN_IMPOSSIBLE}.", ""]
         lines.append("")
     lines += [
-        "Configuration: " + ", ".join(f"`{k}={v}`" for k, v in cfg.items()),
+        "Configuration: " + ", ".join(f"`{k}={v}`" for k, v in cfg.items()
+                                      if not (cfg.get("prior") == "continuous" and k in FINITE_PRIOR_KEYS)),
         "",
         f"Run status: **{report['trajectory']['status']}** {report['trajectory']['message']}".rstrip(),
         "",

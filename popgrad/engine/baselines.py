@@ -92,29 +92,50 @@ def _size_biased_log_mean(a, b, eps) -> float:
     (α/(α+β)) f(x) Beta(α+1, β)(x)``, so ``E[Σ_b π_b log(π_b + ε)] = S·E[X log(X + ε)] = E[log(X' + ε)]``
     with ``X' ~ Beta(α+1, (S-1)α)``: the continuous prior's ``L*_ε`` is minus this at ``a = α+1``. The
     integrand ``log(x + ε)`` is smooth on ``[0, 1]``; the weight ``x^(a-1) (1-x)^(b-1)`` is integrated by
-    QUADPACK's algebraic-weight rule (exact endpoint singularities, ``b < 1``) while its exponents are
-    moderate, and as a log-space density with break points around its mass when it is concentrated. Either
-    way the integral is divided by the same rule's integral of the weight alone. Checked against the
+    QUADPACK's algebraic-weight rule (exact endpoint singularities, ``b < 1``) when an exponent is below 1
+    and both are moderate, else as a log-space density over mean ± 40 standard deviations with break points
+    around its mass. Either way the integral is divided by the same rule's integral of the weight alone. Checked against the
     ``ε → 0`` closed form and Monte Carlo (tests/engine/test_baselines_continuous.py)."""
     from scipy import integrate
     from scipy.stats import beta as beta_dist
 
+    if a + b >= SERIES_CONCENTRATION:
+        return _log_mean_series(a, b, eps)
     f = (lambda x: np.log(x + eps))
     one = (lambda x: 1.0)
-    if max(a, b) <= 50.0:
+    if min(a, b) < 2.0 and max(a, b) <= 20.0:  # an endpoint singularity or kink: the exact algebraic weight
         def integral(g):
             return integrate.quad(g, 0.0, 1.0, weight="alg", wvar=(a - 1.0, b - 1.0), epsabs=0.0, epsrel=1e-13,
                                   limit=500)[0]
-    else:
+    else:  # a smooth bump (a, b >= 2) or a concentrated one: the log-space density, over its mass
         dist = beta_dist(a, b)
         m, sd = dist.mean(), dist.std()
-        points = sorted({min(max(v, 1e-15), 1 - 1e-15) for v in (m - 8 * sd, m - 2 * sd, m, m + 2 * sd, m + 8 * sd)})
+        lo, hi = max(0.0, m - 40 * sd), min(1.0, m + 40 * sd)  # beyond 40 sd the Beta's mass is below 1e-300
+        points = sorted({v for v in (m - 8 * sd, m - 2 * sd, m, m + 2 * sd, m + 8 * sd) if lo < v < hi})
 
         def integral(g):
-            return integrate.quad(lambda x: g(x) * np.exp(dist.logpdf(x)), 0.0, 1.0, points=points, epsabs=0.0,
-                                  epsrel=1e-13, limit=500)[0]
+            return integrate.quad(lambda x: g(x) * np.exp(dist.logpdf(x)), lo, hi, points=points or None,
+                                  epsabs=0.0, epsrel=1e-12, limit=500)[0]
 
     return float(integral(f) / integral(one))
+
+
+#: From this ``a + b`` on, :func:`_size_biased_log_mean` sums the series of :func:`_log_mean_series` (the
+#: Beta's standard deviation is below ``1/(2√(a+b))``; its fifth-order term is below 1e-16 there).
+SERIES_CONCENTRATION = 1e6
+
+
+def _log_mean_series(a, b, eps) -> float:
+    """``E[log(X + ε)]``, ``X ~ Beta(a, b)`` concentrated: ``log c − μ₂/(2c²) + μ₃/(3c³) − μ₄/(4c⁴)``,
+    ``c = E[X] + ε``, ``μ_k`` the central moments (exact rational forms)."""
+    n = a + b
+    m = a / n
+    var = a * b / (n * n * (n + 1))
+    mu3 = 2 * (b - a) * np.sqrt(n + 1) / ((n + 2) * np.sqrt(a * b)) * var ** 1.5
+    kurt = 6 * ((a - b) ** 2 * (n + 1) - a * b * (n + 2)) / (a * b * (n + 2) * (n + 3))  # excess
+    mu4 = (kurt + 3) * var * var
+    c = m + eps
+    return float(np.log(c) - var / (2 * c * c) + mu3 / (3 * c**3) - mu4 / (4 * c**4))
 
 
 def _optimal_loss_multi(task, eps) -> float:

@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .._validation import ArgumentTypeError
 from ..task.priors import ROW_SUM_TOL, stationary_distribution
 
 __all__ = [
@@ -96,7 +97,14 @@ class ChainInformation(NamedTuple):
 
 # ---------------------------------------------------------- validation
 def _as_transition(pi, name="pi") -> np.ndarray:
-    arr = np.asarray(pi, dtype=np.float64)
+    if hasattr(pi, "prior") and hasattr(pi, "graph"):  # a task where a matrix belongs: say so, not float()'s words
+        raise ArgumentTypeError(f"{name} must be an (S, S) transition matrix, got a {type(pi).__name__}: pass one "
+                                "matrix, e.g. task.prior.atoms[k] of a finite prior")
+    try:
+        arr = np.asarray(pi, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ArgumentTypeError(f"{name} must be an (S, S) transition matrix of real numbers, got "
+                                f"{type(pi).__name__}") from None
     if arr.ndim != 2 or arr.shape[0] != arr.shape[1] or arr.shape[0] < 2:
         raise ValueError(f"{name} must be a square (S, S) transition matrix with S >= 2, got shape {arr.shape}")
     if not np.all(np.isfinite(arr)):

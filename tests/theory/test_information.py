@@ -419,3 +419,13 @@ def test_exact_idealized_cosine_rises_with_T_on_the_chain(S, Ts):
         cos.append(_cosine(_exact_dA1(task, beta0), inf.idealized_grad_A1(task, np.zeros((T, T)), beta0)))
     assert np.all(np.diff(cos) > 0), cos
     assert cos[0] > 0.85
+
+
+def test_chain_information_names_a_wrong_argument():
+    # a Task (or text) where the matrix belongs used to surface as float()'s "not 'Task'"
+    from popgrad._validation import ArgumentTypeError
+
+    task = pg.Task(pg.chain(4), pg.dirichlet_prior(2, 1.0, 2, 0))
+    for bad, needle in ((task, "got a Task"), ("abc", "of real numbers, got str"), ([[0.5, 0.5], [0.5, "x"]], "got list")):
+        with pytest.raises(ArgumentTypeError, match=needle):
+            inf.chain_information(bad)
