@@ -33,6 +33,13 @@ def test_the_reduced_run_on_the_continuous_prior(tmp_path, capsys, extra):
     # the checks that need no atoms are decided or say which hypothesis fails (gamma = 0 under Dirichlet rows)
     assert checks["graph_recovery"]["status"] in ("pass", "fail", "inconclusive")
     assert checks["ood_generalization"]["details"]["in_distribution_quantile"] is None
+    # the per-draw assumptions say why they are not measured (they used to print an error string), and the
+    # finite prior's settings, which --prior continuous refuses, are not echoed as if they applied
+    assert "not_measured" in report["task"]["assumptions"]
+    md = (out / "report.md").read_text()
+    assert "Paper assumptions (Knowl 10) per prior draw: not measured" in md and "error =" not in md
+    config_line = next(line for line in md.splitlines() if line.startswith("Configuration:"))
+    assert "`prior=continuous`" in config_line and "atoms=" not in config_line and "floor=" not in config_line
 
 
 @pytest.mark.parametrize("args, needle", [
