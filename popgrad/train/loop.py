@@ -249,6 +249,10 @@ class _State:
         return self.tracker.monotonicity()
 
 
+def _few(keys, n=4) -> str:
+    return ", ".join(keys[:n]) + (", ..." if len(keys) > n else "")
+
+
 def _checkpoint_payload(state, scheme, task):
     arrays = {f"rec_{k}": v for k, v in state.to_arrays().items()}
     meta = {
@@ -346,6 +350,15 @@ def validate_checkpoint(z, path, task, cfg) -> _State:
         # issue 32: say which setting changed (the task's graph and S are in the metadata too)
         old = {**json.loads(json.dumps(defaults)), **meta["config"]}
         cur = json.loads(json.dumps(now))
+        # settings of another trainer on both sides (a file of an earlier layout of the same trainer only lacks
+        # settings added since): name the two kinds of run, not each key as '(absent)'
+        only_old = sorted(set(meta["config"]) - set(cur))
+        only_new = sorted(set(cur) - set(meta["config"]))
+        if only_old and only_new:
+            raise ValueError(
+                f"checkpoint {path} was written by a different kind of run (its settings {_few(only_old)}; this "
+                f"run's {_few(only_new)}): resume with the --model and graph of the original run, or start afresh "
+                "without --resume")
         changed = [f"{k} {old.get(k, '(absent)')!r} -> {cur.get(k, '(absent)')!r}"
                    for k in sorted(set(old) | set(cur)) if old.get(k) != cur.get(k)]
         if meta["graph"] != task.graph.to_string():

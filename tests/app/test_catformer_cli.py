@@ -97,6 +97,18 @@ def test_catformer_resume_reproduces_the_report_and_refuses_other_settings(tmp_p
     assert again["trajectory"]["final_loss"] == whole["trajectory"]["final_loss"]
 
 
+def test_resuming_another_models_checkpoint_names_the_kinds(tmp_path, capsys):
+    # a reduced run resumed from a full-model checkpoint used to list each setting as '(absent)'
+    out = tmp_path / "cat"
+    assert cli.main(["run", *TINY, "--checkpoint-every", "2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert cli.main(["run", "--S", "2", "--T", "5", "--steps1", "3", "--steps2", "3", "--no-sweep", "--no-progress",
+                     "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "written by a different kind of run" in err and "(absent)" not in err, err
+    assert "heads" in err and "beta0" in err, err
+
+
 def test_catformer_single_parent_reports_graph_recovery(tmp_path, capsys):
     out = tmp_path / "chain"
     argv = ["run", "--model", "catformer", "--graph", "chain", "--S", "2", "--T", "5", "--steps", "4",
