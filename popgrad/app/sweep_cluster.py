@@ -6,7 +6,8 @@ processes=True)`` is started with ``NUMBA_NUM_THREADS=1`` in the workers' enviro
 blocked in them (:func:`popgrad._signals.shield_children`: a terminal Ctrl-C reaches the command,
 which closes them). After an interrupt its worker processes are killed at once
 (:func:`_stop_workers_now`) and Dask gets :data:`CLOSE_TIMEOUT_INTERRUPTED` seconds to close the
-client and cluster (:func:`_close`), so that the command exits within 2 s.
+client and cluster (:func:`_close`), so that the command exits within 2 s. Its workers drop Dask's
+heartbeat-loss record of an orderly shutdown (:mod:`popgrad.app._quiet_workers`).
 """
 from __future__ import annotations
 
@@ -57,7 +58,11 @@ def _start_client(scheduler, workers, n_cells, worker_timeout, log):
             warnings.filterwarnings("ignore", message=r"Port \d+ is already in use")
             cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, env=worker_env(),
                                    silence_logs=logging.ERROR)
-        return Client(cluster), cluster
+        client = Client(cluster)
+        from ._quiet_workers import QuietHeartbeatAtShutdown
+
+        client.register_plugin(QuietHeartbeatAtShutdown())  # our own workers' shutdown noise (its docstring)
+        return client, cluster
     except BaseException as exc:  # a Ctrl-C held back while the cluster started is delivered here
         if cluster is not None:
             if isinstance(exc, (KeyboardInterrupt, Terminated)):
