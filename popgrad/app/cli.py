@@ -207,10 +207,8 @@ def _command(args) -> int:
         if args.command == "summary":
             task = build_task(cfg)
             say(task.summary())
-            if task.continuous:  # a density: no atoms to add up (the weight table is built by the engines)
-                say("exact weight total: 1.0 (a continuous prior: a probability density; sequences are not enumerated)")
-            else:
-                say(f"exact weight total: {_weight_total(task)!r} (the prior's weights; sequences are not enumerated)")
+            total, what = _weight_total(task)
+            say(f"exact weight total: {total!r} ({what}; sequences are not enumerated)")
         else:
             report = run(cfg, resume=args.resume, progress=not args.no_progress, log=say,
                          scheduler=getattr(args, "scheduler", None), worker_timeout=args.worker_timeout)
@@ -263,11 +261,12 @@ def _one_line(exc) -> str:
     return " ".join(str(exc).split())
 
 
-def _weight_total(task) -> float:
-    """Total weight of the task's sequences without enumerating them: the prior's weights sum."""
-    prior = task.prior
-    base = getattr(prior, "base", prior)
-    return float(sum(base.weights)) if hasattr(base, "weights") else 1.0
+def _weight_total(task) -> tuple:
+    """``(total, what it is)``: the total weight of the task's sequences without enumerating them."""
+    if task.continuous:  # a density: no atoms to add up (the weight table is built by the engines)
+        return 1.0, "a continuous prior: a probability density"
+    base = getattr(task.prior, "base", task.prior)
+    return float(sum(base.weights)), "the prior's weights"
 
 
 if __name__ == "__main__":

@@ -41,6 +41,9 @@ SINGLE_PARENT_CHECKS = ("graph_recovery", "gradient_alignment", "field_dpi", "lo
                         "ood_generalization", "roots_uniform")
 
 
+#: What ``gradient_alignment`` tests, when it has nothing to test.
+ALIGNMENT_STATEMENT = "S*M_i = g_i + O(T_eff^-1/2) (Knowl 3)"
+
 #: Why a check that sums over a finite prior's atoms has nothing to test under the continuous prior.
 NO_ATOMS = ("the continuous prior has no atoms, and {what} is a sum over a finite prior's atoms: run its finite "
             "stand-in (--prior finite) for this check")
@@ -125,10 +128,10 @@ def single_parent_suite(task, trajectory, A1_hat, refs, objective=None, *, famil
         }
     continuous = task.continuous
     if continuous:
-        alignment = not_applicable("gradient_alignment", "S*M_i = g_i + O(T_eff^-1/2) (Knowl 3)",
+        alignment = not_applicable("gradient_alignment", ALIGNMENT_STATEMENT,
                                    NO_ATOMS.format(what="the idealized gradient g"))
     elif not has_idealized_gradient(task):
-        alignment = not_applicable("gradient_alignment", "S*M_i = g_i + O(T_eff^-1/2) (Knowl 3)",
+        alignment = not_applicable("gradient_alignment", ALIGNMENT_STATEMENT,
                                    "a prior draw is reducible (a stationary probability is 0): the idealized "
                                    "gradient g divides by it")
     elif family is not None and sweep:  # Knowl 3 at T_eff up to 200: the exact first-order field
@@ -137,7 +140,7 @@ def single_parent_suite(task, trajectory, A1_hat, refs, objective=None, *, famil
     elif enumerable:
         alignment = check_gradient_alignment(task, trajectory, hypotheses=hyp)
     else:
-        alignment = not_applicable("gradient_alignment", "S*M_i = g_i + O(T_eff^-1/2) (Knowl 3)",
+        alignment = not_applicable("gradient_alignment", ALIGNMENT_STATEMENT,
                                    "needs a graph family over T (chain, icl, random) and the sweep")
     if family is not None and sweep and not continuous:  # Knowl 3.3 is a statement about T: a sweep of the field
         roots = check_roots_at_scale(family, task.prior, default_roots_T(task.S, top=ROOTS_TOP_T),

@@ -259,8 +259,7 @@ def run_blocks(task, job, lo=0, hi=None) -> Partials:
         block_size, n_blocks = _table.table_blocks(task, opts)
         hi = n_blocks if hi is None else hi
         seqs, w = _table.table_rows(task, lo * block_size, min(task.n_sequences, hi * block_size))
-        n = hi - lo
-        loss_s, G_s, dA2_s = _slots(n, T, S)
+        loss_s, G_s, dA2_s = _slots(hi - lo, T, S)
         _k.loss_grad_rows(seqs, w, job.P, job.A2, job.eps, block_size, 1 if job.want_grad else 0,
                           loss_s, G_s, dA2_s)
     elif job.engine == "direct":
@@ -276,7 +275,7 @@ def run_blocks(task, job, lo=0, hi=None) -> Partials:
     else:
         raise ValueError(f"engine must be 'prefix' or 'direct', got {job.engine!r}")
     if not job.want_grad:  # a loss-only job's gradient slots are unused: keep them from travelling
-        G_s, dA2_s = np.zeros((n, 1, 1)), np.zeros((n, 1, 1))
+        G_s, dA2_s = np.zeros((len(loss_s), 1, 1)), np.zeros((len(loss_s), 1, 1))
     return _new_partials((loss_s, G_s, dA2_s))
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..._io import over_half_of_memory, size_text
 from ...train.loop import load_checkpoint
 from ..settings import CLIError, Flag
 from ..tasks import RUN_DEFAULTS, TASK_DEFAULTS, build_task
 
-__all__ = ["KindBase", "validated", "common_defaults"]
+__all__ = ["KindBase", "validated", "common_defaults", "refuse_past_memory"]
 
 
 def common_defaults(record_every: bool = True) -> dict:
@@ -16,6 +17,16 @@ def common_defaults(record_every: bool = True) -> dict:
     out = dict(TASK_DEFAULTS)
     out.update({k: v for k, v in RUN_DEFAULTS.items() if record_every or k != "record_every"})
     return out
+
+
+def refuse_past_memory(flag: str, n: int, per: int, what: str, formula: str, tail: str, least: int = 1) -> None:
+    """Refuse ``flag n`` whose ``n x per`` bytes exceed half of the memory this process may use
+    (:func:`popgrad._io.over_half_of_memory`), in one line naming the largest ``n`` that fits."""
+    memory = over_half_of_memory(n * per)
+    if memory is not None:
+        raise CLIError(f"{flag} {n:,} needs about {size_text(n * per)} {what} ({formula}), more than half of the "
+                       f"{size_text(memory)} this process may use: use {flag} {max(least, memory // 2 // per):,} or "
+                       f"fewer{tail}")
 
 
 def validated(cls, **kw):

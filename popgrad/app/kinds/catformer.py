@@ -19,7 +19,6 @@ import os
 
 import numpy as np
 
-from ..._io import over_half_of_memory, size_text
 from ...checks import catformer as CC
 from ...checks.catformer_sampled import sampled_catformer_checks, sampled_readouts
 from ...checks.suites import softmax_reference_losses
@@ -31,7 +30,7 @@ from .. import plots as P
 from ..report import fmt, reference_value
 from ..settings import CLIError, Flag
 from ..tasks import MULTI_PARENT_TASK_DEFAULTS, is_multi_parent, too_large
-from ._common import KindBase, common_defaults
+from ._common import KindBase, common_defaults, refuse_past_memory
 
 __all__ = ["KIND", "CATFORMER_DEFAULTS", "FLAGS", "parse_heads", "READOUT_SAMPLES", "READOUT_SEED"]
 
@@ -75,12 +74,8 @@ def batch_bytes_per_sequence(task) -> int:
 
 def check_batch_size(n, task) -> None:
     """Refuse ``--batch-size`` whose step cannot fit in memory (half of what this process may use), in one line."""
-    per = batch_bytes_per_sequence(task)
-    memory = over_half_of_memory(n * per)
-    if memory is not None:
-        raise CLIError(f"--batch-size {n:,} needs about {size_text(n * per)} per step (n x (3T + 4S^2 + 4S) x 8 "
-                       f"bytes, an upper estimate), more than half of the {size_text(memory)} this process may use: "
-                       f"use --batch-size {max(1, memory // 2 // per):,} or fewer (default 1024)")
+    refuse_past_memory("--batch-size", n, batch_bytes_per_sequence(task), "per step",
+                       "n x (3T + 4S^2 + 4S) x 8 bytes, an upper estimate", " (default 1024)")
 
 
 def parse_heads(text) -> tuple:

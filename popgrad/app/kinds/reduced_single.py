@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 
-from ..._io import over_half_of_memory, size_text
 from ...checks.suites import (ALIGNMENT_TOP_T, ROOTS_TOP_T, SINGLE_PARENT_CHECKS, exact_reference_losses,
                               no_population_references, single_parent_suite)
 from ...engine.sampled import SampledObjective, sampled_reference_losses
@@ -22,7 +21,7 @@ from .. import plots as P
 from ..report import UNIFORM_MEAN_IMPOSSIBLE, fmt
 from ..settings import CLIError, Flag, flag_name
 from ..tasks import RUN_DEFAULTS, TASK_DEFAULTS, graph_family, is_multi_parent, too_large
-from ._common import KindBase, validated
+from ._common import KindBase, refuse_past_memory, validated
 
 __all__ = ["KIND", "FLAGS", "DEFAULTS", "ALIGNMENT_TOP_T", "ROOTS_TOP_T", "a1_hat", "train_kwargs",
            "loss_sweep_markdown"]
@@ -91,13 +90,8 @@ def check_sample_size(cfg, task) -> None:
     n = cfg.get("samples", 0)
     if cfg.get("stage2") != "sampled" or not n or cfg.get("steps2", 0) == 0:
         return
-    per = (task.T + 2 * task.S) * 8
-    memory = over_half_of_memory(n * per)
-    if memory is not None:
-        raise CLIError(f"--samples {n:,} needs about {size_text(n * per)} for the Stage-2 sample (n x (T + 2S) x 8 "
-                       f"bytes), more than half of the {size_text(memory)} this process may use: use --samples "
-                       f"{max(2, memory // 2 // per):,} or fewer, or --samples 0 (chosen from a pilot sample for a "
-                       "standard error of 1e-3)")
+    refuse_past_memory("--samples", n, (task.T + 2 * task.S) * 8, "for the Stage-2 sample", "n x (T + 2S) x 8 bytes",
+                       ", or --samples 0 (chosen from a pilot sample for a standard error of 1e-3)", least=2)
 
 
 def loss_sweep_markdown(sweep) -> list:
