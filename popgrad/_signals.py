@@ -118,6 +118,10 @@ def _unraisable(unraisable, _previous=sys.unraisablehook):
     if unraisable.exc_type is not None and issubclass(unraisable.exc_type, (KeyboardInterrupt, Terminated)):
         _resend(signal.SIGINT if issubclass(unraisable.exc_type, KeyboardInterrupt) else signal.SIGTERM)
         return
+    if _STATE.get("decided") and signal_seen() is not None:
+        # after an interrupt's last line: a half-built object's ``__del__`` at exit (llvmlite's ``ObjectRef``,
+        # its constructor cut off by the signal mid-compile) is not the user's news; the promise is one line
+        return
     _previous(unraisable)
 
 
