@@ -12,7 +12,7 @@ SPHINXOPTS ?=
 
 .PHONY: demo test docs docs-clean bench bench-deps mutants install clean
 
-$(STAMP): setup.cfg setup.py
+$(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
@@ -25,7 +25,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-$(DOCS_STAMP): $(STAMP) setup.cfg setup.py
+$(DOCS_STAMP): $(STAMP) pyproject.toml
 	$(PY) -m pip install --quiet -e '.[docs]'
 	touch $(DOCS_STAMP)
 

@@ -85,7 +85,7 @@ def main():
     with open(os.path.join(out, "alignment_table.md"), "w") as fh:
         fh.write(table + "\n")
     print(table)
-    print(f"figure and table in {out}")
+    print("written:", ", ".join(sorted(os.listdir(out))))
 
 
 if __name__ == "__main__":

@@ -45,9 +45,9 @@ from _catformer import catformer_args, half_step, loss_drop_peaks, plot_loss_cur
 from _common import TRAIN
 
 
-def compare_with_algorithm1(task, model, params, steps1, path):
+def compare_with_algorithm1(task, model, params, steps1, path, steps2=TRAIN["steps2"]):
     """Algorithm 1's Stage-1 attention against the full model's layer 1: per-position attention to parent, TV."""
-    alg = pg.train_two_stage(task, **{**TRAIN, "steps1": steps1})
+    alg = pg.train_two_stage(task, **{**TRAIN, "steps1": steps1, "steps2": steps2})
     P1 = first_layer_attention(alg.A1[alg.stage1_end])
     Pbar = cc.population_attention(task, model, params)[0]
     Ppos = cc.positional_attention(model, params)[0]
@@ -66,9 +66,10 @@ def compare_with_algorithm1(task, model, params, steps1, path):
 
 
 def main():
-    args, out = catformer_args(__doc__, "examples_out/catformer_figure2", 8, 2000, "T = 6, 60 steps (smoke test)")
+    args, out = catformer_args(__doc__, "examples_out/catformer_figure2", 8, 2000, "T = 5, 30 steps, Algorithm 1 100 + 100 steps (smoke test)")
     S = 3
-    T, steps = (6, 60) if args.quick else (args.T, args.steps)
+    T, steps = (5, 30) if args.quick else (args.T, args.steps)
+    alg_steps = 100 if args.quick else TRAIN["steps1"]  # Algorithm 1's Stage 1 (and Stage 2) beside it
     rows = []
     for graph in ("chain", "icl", "random"):
         task = single_parent_task(graph, S, T, alpha=args.alpha, atoms=args.atoms, prior=args.prior)
@@ -87,7 +88,8 @@ def main():
                                   f"{graph}: S={S}, T={T}, SGD lr 1 cosine, {steps} exact steps")
         plot_loss_curve(traj, {"Bayes": (bayes, "--"), "L*": (lstar, ":")}, f"{out}/{graph}_loss.png",
                         f"{graph}: exact population loss")
-        cmp = compare_with_algorithm1(task, model, traj.final, TRAIN["steps1"], f"{out}/{graph}_vs_algorithm1.png")
+        cmp = compare_with_algorithm1(task, model, traj.final, alg_steps, f"{out}/{graph}_vs_algorithm1.png",
+                                      steps2=alg_steps if args.quick else TRAIN["steps2"])
         rows.append((graph, traj, bayes, lstar, rec, ind, phases, seconds, cmp, (attn, attn_pos, margin)))
         print(f"{graph}: {steps} steps in {seconds:.1f} s, status {traj.status}")
     lines = [f"S = {S}, T = {T}, {prior_text(args.prior, args.alpha, args.atoms or 8)}, heads (1, 1), zero start, "
@@ -110,7 +112,7 @@ def main():
                   "(Figure 2); no loss values are tabulated there.",
               f"Reproduce: python examples/catformer_figure2.py --T {T} --steps {steps} --alpha {args.alpha:g} --prior {args.prior}"]
     write(out, "figure2_table.md", "\n".join(lines))
-    lines = [f"Algorithm 1 (reduced model, beta0 = {TRAIN['beta0']}, lr1 = {TRAIN['lr1']}, {TRAIN['steps1']} Stage-1 "
+    lines = [f"Algorithm 1 (reduced model, beta0 = {TRAIN['beta0']}, lr1 = {TRAIN['lr1']}, {alg_steps} Stage-1 "
              "steps) against the full model's layer 1 (population attention / positional block) on the same task.", ""]
     for graph, traj, *_, cmp, diag in rows:
         per, tv_pop, tv_pos, _ = cmp

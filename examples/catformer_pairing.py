@@ -1,7 +1,7 @@
 """Full model: exact and sampled training, paired
 ==============================================
 
-The pairing (issue 30 item 4): the full model trained on exact and on sampled gradients, same start, same task.
+The pairing: the full model trained on exact and on sampled gradients, same start, same task.
 
 Three parts (``--parts``), each writing a table to ``pairing_<part>.md``:
 

@@ -42,7 +42,9 @@ and labelled as such.
 
 Writes ``nmin_table.md``, ``sgd_table.md``, ``stage1_fraction.md``,
 ``recovery_table.md``, ``nmin.png``, ``sgd_distance.png``, ``recovery_nmin.png``
-into ``--out``. ``--quick``: small sweeps. ``--sections recovery`` runs only
+into ``--out``. ``--quick`` (seconds, a smoke test of every section): a few small T per sweep, fewer
+replicates, seeds and batch sizes, and section 4 with a 100-step Stage 1 (150 for the long family) and no
+refinement of the last octave. ``--sections recovery`` runs only
 section 4 (``--sections nmin,sgd,fraction,recovery`` is the default: all).
 """
 import math
@@ -89,8 +91,8 @@ def knowl10(task):
 
 
 def nmin_section(quick, lines):
-    priors = {"S=2 pair": (PAIR, [6, 8, 10, 12] if quick else [6, 8, 10, 12, 14, 16, 18, 20]),
-              "S=3 Dirichlet+uniform": (mixed_prior(), [5, 6, 7, 8] if quick else [5, 6, 7, 8, 9, 10, 11, 12])}
+    priors = {"S=2 pair": (PAIR, [6, 7, 8] if quick else [6, 8, 10, 12, 14, 16, 18, 20]),
+              "S=3 Dirichlet+uniform": (mixed_prior(), [4, 5, 6] if quick else [5, 6, 7, 8, 9, 10, 11, 12])}
     lines += ["## 1. Stage-1 N_min (level 0.99, β0 = 1e-3, Gaussian limit)", "",
               "| prior | graph | T | T_eff | N_min | N_min / (T_eff log T_eff) | min per-sample SNR z |",
               "|---|---|---|---|---|---|---|"]
@@ -133,13 +135,13 @@ def nmin_section(quick, lines):
               "| graph | T | Knowl 10 | N_min (Hunter) | N_min (Dawson–Sankoff) | N | Gaussian limit (rows independent) "
               "| Gaussian limit, full covariance (MC ± se) | simulated | 95 % interval |",
               "|---|---|---|---|---|---|---|---|---|---|"]
-    T = 8 if quick else 12
+    T = 6 if quick else 12
     for gname, build in GRAPHS.items():
         task = pg.Task(build(T), PAIR)
-        res = checks.check_sample_complexity(task, beta0=1e-3, level=0.99, replicates=400 if quick else 4000)
+        res = checks.check_sample_complexity(task, beta0=1e-3, level=0.99, replicates=40 if quick else 4000)
         d = res.details
         for s in d["simulation"]:
-            jg = joint_gaussian_probability(task, s["N"], draws=50_000 if quick else 400_000, seed=1)
+            jg = joint_gaussian_probability(task, s["N"], draws=10_000 if quick else 400_000, seed=1)
             lines.append(f"| {gname} | {T} | {knowl10(task)} | {d['N_min']} | {d['N_min_optimistic']} | {s['N']} | "
                          f"{s['gaussian']:.4f} | {jg['value']:.4f} ± {jg['se']:.4f} | {s['frequency']:.4f} | "
                          f"[{s['ci95'][0]:.4f}, {s['ci95'][1]:.4f}] |")
@@ -147,11 +149,11 @@ def nmin_section(quick, lines):
 
 
 def sgd_section(quick, lines):
-    T = 6 if quick else 8
+    T = 5 if quick else 8
     task = pg.Task(pg.chain(T), PAIR)
-    kw = dict(TRAIN, steps1=60, steps2=60) if quick else TRAIN
-    seeds = range(3) if quick else range(8)
-    batches = [64, 1024] if quick else [64, 256, 1024, 4096]
+    kw = dict(TRAIN, steps1=30, steps2=30) if quick else TRAIN
+    seeds = range(2) if quick else range(8)
+    batches = [64, 256] if quick else [64, 256, 1024, 4096]
     gd = pg.train_two_stage(task, record_every=1, **kw)
     total = kw["steps1"] + kw["steps2"]
     at = [kw["steps1"] // 3, kw["steps1"], kw["steps1"] + kw["steps2"] // 3, total]
@@ -191,11 +193,11 @@ def sgd_section(quick, lines):
 
 
 def fraction_section(quick, lines):
-    B = 1024
-    cases = [("S=2 pair", PAIR, 8 if quick else 12), ("S=3 Dirichlet+uniform", mixed_prior(), 6 if quick else 8),
+    B = 256 if quick else 1024
+    cases = [("S=2 pair", PAIR, 6 if quick else 12), ("S=3 Dirichlet+uniform", mixed_prior(), 4 if quick else 8),
              ("S=3 Dirichlet(0.1), the official α (outside Knowl 10)", pg.dirichlet_prior(3, 0.1, 4, seed=0),
-              6 if quick else 8)]
-    steps1 = 60 if quick else TRAIN["steps1"]
+              4 if quick else 8)]
+    steps1 = 20 if quick else TRAIN["steps1"]
     lines += ["", f"## 3. Stage-1 steps that point the right way at B = {B} (β0 = 1e-3, lr1 = 2, {steps1} steps)", "",
               "Ranking: the batch gradient ranks the parent first in every non-root row. Descent: "
               "cos(batch ∇_{A1}, exact ∇_{A1}) > 0. Gaussian limit averaged over every "
@@ -258,16 +260,18 @@ def _fit_cell(f):
 def recovery_section(quick, lines):
     """Section 4: the finite-sample theorem's event (graph recovery after a sampled Stage 1)."""
     S3 = mixed_prior()
-    Ts2 = [6, 8, 10] if quick else [6, 8, 10, 12, 14, 16, 18, 20, 24, 32]
-    Ts3 = [5] if quick else [5, 6, 7, 8, 9, 10, 11, 12]
-    seeds2, seeds = (10, 10) if quick else (40, 20)
+    Ts2 = [4, 5, 6] if quick else [6, 8, 10, 12, 14, 16, 18, 20, 24, 32]
+    Ts3 = [4] if quick else [5, 6, 7, 8, 9, 10, 11, 12]
+    seeds2, seeds = (4, 2) if quick else (40, 20)
+    refine = 1 if quick else 4  # the last octave's grid steps (1: none)
     tree = GRAPHS["random tree"]
     families = {"s2-fixed": [("S=2 pair", PAIR, "chain", pg.chain, Ts2, "fixed", "recovered", seeds2)],
-                "s2-fresh": [("S=2 pair", PAIR, "chain", pg.chain, Ts2[:8], "fresh", "recovered", seeds)],
+                "s2-fresh": [("S=2 pair", PAIR, "chain", pg.chain, Ts2[:1] if quick else Ts2[:8], "fresh", "recovered",
+                              seeds)],
                 "s3-fixed": [("S=3 Dirichlet+uniform", S3, "random tree", tree, Ts3, "fixed", "parent_first", seeds)],
                 "s3-fresh": [("S=3 Dirichlet+uniform", S3, "random tree", tree, Ts3, "fresh", "recovered", seeds)],
                 # the same event with a longer Stage 1 (the population's attention rises, the slack over 1 - 1/T too)
-                "s2-fixed-long": [("S=2 pair", PAIR, "chain", pg.chain, [8] if quick else [12, 20, 24], "fixed",
+                "s2-fixed-long": [("S=2 pair", PAIR, "chain", pg.chain, [5] if quick else [12, 20, 24], "fixed",
                                    "recovered", seeds, 1000)]}
     cases = [c for name in ARGS.cases.split(",") for c in families[name]]
     if ARGS.recovery_T:  # the same families at other T
@@ -294,6 +298,8 @@ def recovery_section(quick, lines):
     t0 = time.perf_counter()
     for pname, prior, gname, build, Ts, mode, event, seeds, *more in cases:
         stage1 = dict(STAGE1, steps1=more[0]) if more else STAGE1
+        if quick:  # a shorter Stage 1 (100 steps, the long family 150): the same code path in seconds
+            stage1 = dict(stage1, steps1=150 if more else 100)
         fam = {"name": f"{pname}, {gname}, {mode}, {event.replace('_', ' ')}"
                        + (f", {stage1['steps1']} steps" if more else ""), "T": [], "t_eff": [], "N": [], "se": [],
                "grid": []}
@@ -307,10 +313,10 @@ def recovery_section(quick, lines):
             if mode == "fresh" and task.S == 2:
                 # fresh batches on the S = 2 chain: N = 1 already recovers; one N is the whole answer
                 r = recovery_n_min(task, RECOVERY_LEVEL, seeds, event=event, mode=mode, n_max=1, population=pop,
-                                   **stage1)
+                                   refine=refine, **stage1)
             else:
                 r = recovery_n_min(task, RECOVERY_LEVEL, seeds, event=event, mode=mode, population=pop,
-                                   n_max=2**14, **stage1)
+                                   n_max=2**14, refine=refine, **stage1)
             curve = {c["N"]: c for c in r["curve"]}
             nm = r["N_min"]
             if math.isfinite(nm):
@@ -408,7 +414,7 @@ def main():
         body = lines[n0:] if n0 > 2 else lines
         _write_atomic(os.path.join(ARGS.out, fname), "\n".join(body) + "\n")
     print("\n".join(lines))
-    print(f"\ntotal {time.perf_counter() - t0:.1f} s; tables and figures in {ARGS.out}")
+    print(f"\ntotal {time.perf_counter() - t0:.1f} s; written: {', '.join(sorted(os.listdir(ARGS.out)))}")
 
 
 #: The sections, their functions and table files, in order.

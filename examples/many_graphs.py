@@ -50,7 +50,7 @@ def main():
     for i in pos[ok]:
         print(f"{i:8d}  {mean[i]:.4f}  {lo[i]:.4f}")
     print(f"overall min attention to parent: {np.nanmin(attn):.4f} over {n_graphs} graphs")
-    print(f"figure in {out}")
+    print("written:", ", ".join(sorted(os.listdir(out))))
 
 
 if __name__ == "__main__":

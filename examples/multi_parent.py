@@ -84,12 +84,12 @@ def run(name, tag, task, out, A1_init=None, steps=3000):
 
 
 def main():
-    p = parser(__doc__, "examples_out/multi_parent", quick_help="T = 8 and 600 steps per run (a smoke test)")
+    p = parser(__doc__, "examples_out/multi_parent", quick_help="T = 6 and 200 steps per run (a smoke test)")
     p.add_argument("--steps", type=int, default=3000, help="joint gradient-descent steps per run")
     p.add_argument("--T", type=int, default=12, help="sequence length (S = 2: 2**T sequences)")
     args = p.parse_args()
     if args.quick:
-        args.steps, args.T = min(args.steps, 600), min(args.T, 8)
+        args.steps, args.T = min(args.steps, 200), min(args.T, 6)
     out = ensure_out(args.out)
     S, T = 2, args.T
     prior = pg.dirichlet_tensor_prior(S, 2, 1.0, 16, seed=0, symmetrize="full")
@@ -120,7 +120,7 @@ def main():
     )
     print(summary)
     atomic_write_text(os.path.join(out, "heads.txt"), task.summary() + "\n\n" + "\n\n".join(texts) + summary + "\n")
-    print(f"figures, trajectories and heads.txt in {out}")
+    print("written:", ", ".join(sorted(os.listdir(out))))
     return 0
 
 

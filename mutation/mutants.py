@@ -1,7 +1,7 @@
 """Mutation check of popgrad's formulas (``make mutants``; not run in CI: minutes, not seconds).
 
 Two kinds of mutants, each applied to a private copy of the package and its
-tests (``popgrad/``, ``tests/``, ``setup.cfg``; numba's on-disk cache is
+tests (``popgrad/``, ``tests/``, ``pyproject.toml``; numba's on-disk cache is
 copied along, so only a mutated kernel file recompiles), then the test files
 that should catch it are run (``pytest -x``, with a timeout):
 
@@ -281,11 +281,11 @@ def ast_mutants():
 
 # ---------------------------------------------------------------- running
 def make_copy(dest):
-    """Copy ``popgrad/``, ``tests/`` and ``setup.cfg`` into ``dest`` with their modification times (numba caches stay valid)."""
+    """Copy ``popgrad/``, ``tests/`` and ``pyproject.toml`` into ``dest`` with their modification times (numba caches stay valid)."""
     ignore = shutil.ignore_patterns(".hypothesis", ".pytest_cache", "*.egg-info")
     for d in ("popgrad", "tests"):
         shutil.copytree(os.path.join(ROOT, d), os.path.join(dest, d), copy_function=shutil.copy2, ignore=ignore)
-    for f in ("setup.cfg",):
+    for f in ("pyproject.toml",):  # the pytest configuration
         if os.path.exists(os.path.join(ROOT, f)):
             shutil.copy2(os.path.join(ROOT, f), os.path.join(dest, f))
 

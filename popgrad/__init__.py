@@ -25,6 +25,7 @@ from .task import (
     DirichletPrior,
     DirichletTensorPrior,
     official_random_tree,
+    official_dags,
     FinitePrior,
     MultiParentGraph,
     MultiParentTask,
@@ -91,6 +92,10 @@ from .theory import (
 )
 from .model.catformer import CatFormer, CatFormerParams, StandardTransformer, catformer_from_reduced, \
     to_disentangled, to_standard
+from .model.transformer import Transformer
+from .model.protocol import Model
+from .model.reduced_model import ReducedModel
+from .engine.front import ModelLossAndGrad, loss_and_grad
 from .engine.catformer import CatFormerLossAndGrad, catformer_loss, catformer_loss_and_grad, \
     catformer_rows_loss_and_grad
 from .engine.catformer_attention import CatFormerAttention, catformer_attention
@@ -98,7 +103,9 @@ from .engine.hvp import HessianSpectrum, catformer_hvp, hessian_spectrum, hvp
 from .train import MultiHeadTrainConfig, TrainConfig, Trajectory, train_multi_head, train_two_stage
 from .train import CatFormerTrajectory, train_catformer
 from .train.optim import Optimizer
+from .train.model_trainer import ModelTrainConfig, ModelTrajectory, train_model
 from . import checks
+from . import testing
 from .checks.symmetry_breaking import follow_symmetric_start, head_ablation, positional_margins, symmetric_start
 from . import _compat
 from .engine._kernels.cache import refresh_stale_indexes as _refresh_stale_indexes
@@ -128,6 +135,7 @@ __all__ = [
     "official_bayes_loss",
     "official_bayes_predict",
     "official_random_tree",
+    "official_dags",
     "CausalGraph",
     "Tree",
     "chain",
@@ -196,6 +204,14 @@ __all__ = [
     "catformer_rows_loss_and_grad",
     "catformer_loss",
     "StandardTransformer",
+    "Transformer",
+    "Model",
+    "ReducedModel",
+    "loss_and_grad",
+    "ModelLossAndGrad",
+    "train_model",
+    "ModelTrainConfig",
+    "ModelTrajectory",
     "to_disentangled",
     "to_standard",
     "catformer_from_reduced",

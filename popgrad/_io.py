@@ -15,10 +15,12 @@
   files (the checkpoint), which are written in place, atomically, so that an
   interrupted run can be resumed.
 
-Input is sized before it is read (issue 32): :func:`read_input_file` refuses what
-is not a regular file (a FIFO, ``/dev/zero``, a folder) without blocking on it and
-a file above its size cap; :func:`memory_limit` is the memory a size guard may
-count on (physical memory, or the process's own limit, ``ulimit -v``, when lower).
+Input is bounded before it is read: :func:`read_input_file` opens without blocking, refuses a
+device (``/dev/zero``), a socket or a folder and a file above its size cap, and reads a pipe (``--config
+<(cat run.toml)``, a FIFO) within a bound on its size and time (:data:`MAX_PIPE_SECONDS`);
+:func:`regular_file_problem` tells a reader that needs a seekable file (a checkpoint) what else it
+got; :func:`memory_limit` is the memory a size guard may count on (physical memory, or the process's own
+limit, ``ulimit -v``, when lower).
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ import numpy as np
 
 from ._signals import add_emergency, deferred, on_emergency, remove_emergency
 
-__all__ = ["InputFileError", "read_input_file", "MAX_INPUT_BYTES", "memory_limit", "atomic_path", "atomic_write_text", "atomic_savez", "OutputDir", "OutputDirError", "check_output_dir",
+__all__ = ["InputFileError", "read_input_file", "MAX_INPUT_BYTES", "MAX_PIPE_SECONDS", "regular_file_problem", "memory_limit", "atomic_path", "atomic_write_text", "atomic_savez", "OutputDir", "OutputDirError", "check_output_dir",
            "FolderLock", "clear_stale"]
 
 
@@ -53,14 +55,55 @@ class InputFileError(ValueError):
     """An input file (``--config``, a sweep spec) that cannot be read; one line naming it and the fix."""
 
 
-def read_input_file(path, what: str, limit: int = MAX_INPUT_BYTES) -> bytes:
-    """The bytes of the small input file ``path`` (``what`` names it in errors), sized before it is read.
+def _file_kind(mode) -> str:
+    """What a non-regular file is, for the one-line errors."""
+    import stat as _stat
 
-    Opened without blocking (``O_NONBLOCK``: opening a FIFO with no writer does not wait), then
-    refused unless it is a regular file (a FIFO, a character device such as ``/dev/zero``, a socket,
-    a folder) or when larger than ``limit`` bytes; at most ``limit + 1`` bytes are ever read, so a
-    file that grows meanwhile is refused too. Raises :class:`InputFileError` (a ``ValueError``).
+    return ("a folder" if _stat.S_ISDIR(mode) else "a FIFO (named pipe)" if _stat.S_ISFIFO(mode)
+            else "a device" if _stat.S_ISCHR(mode) or _stat.S_ISBLK(mode)
+            else "a socket" if _stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def regular_file_problem(path) -> str | None:
+    """``None`` when ``path`` is a regular file; else what it is (``"a FIFO (named pipe)"``, ``"a device"``, ...).
+
+    Looked at without blocking (``O_NONBLOCK`` open, then ``fstat``; a FIFO with no writer does not wait),
+    for the readers that need a regular, seekable file (an ``.npz`` archive: ``--resume``'s checkpoint).
+    A missing or unreadable file is left to the reader's own error (``None``).
     """
+    import stat as _stat
+
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except IsADirectoryError:
+        return "a folder"
+    except OSError:
+        return None
+    try:
+        mode = os.fstat(fd).st_mode
+    finally:
+        os.close(fd)
+    return None if _stat.S_ISREG(mode) else _file_kind(mode)
+
+
+#: Longest a pipe (``--config <(cat run.toml)``, a named FIFO) is waited for, in seconds, before its reading
+#: is given up with one line: a writer that never writes (or never ends) cannot hang a command.
+MAX_PIPE_SECONDS = 10.0
+
+
+def read_input_file(path, what: str, limit: int = MAX_INPUT_BYTES, timeout: float | None = None) -> bytes:
+    """The bytes of the small input file ``path`` (``what`` names it in errors), bounded in size and time.
+
+    Opened without blocking (``O_NONBLOCK``: opening a FIFO with no writer does not wait). A regular file
+    larger than ``limit`` bytes is refused from its size, unread; a pipe or FIFO (a process substitution
+    ``<(cat run.toml)``, a named pipe) is read as it arrives, until its writer closes it, for at most
+    ``timeout`` seconds (:data:`MAX_PIPE_SECONDS`) and ``limit`` bytes; a device (``/dev/zero``), a socket
+    or a folder is refused. At most ``limit + 1`` bytes are ever read, so a file that grows meanwhile is
+    refused too. Raises :class:`InputFileError` (a ``ValueError``).
+    """
+    import stat as _stat
+
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
     try:
         fd = os.open(path, flags)
@@ -68,25 +111,24 @@ def read_input_file(path, what: str, limit: int = MAX_INPUT_BYTES) -> bytes:
         raise InputFileError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
-        import stat as _stat
-
-        if not _stat.S_ISREG(st.st_mode):
-            kind = ("a folder" if _stat.S_ISDIR(st.st_mode) else "a FIFO (named pipe)" if _stat.S_ISFIFO(st.st_mode)
-                    else "a device" if _stat.S_ISCHR(st.st_mode) or _stat.S_ISBLK(st.st_mode)
-                    else "a socket" if _stat.S_ISSOCK(st.st_mode) else "not a regular file")
-            raise InputFileError(f"{what} {path} is {kind}, not a regular file: give the path of a TOML file")
-        if st.st_size > limit:
-            raise InputFileError(f"{what} {path} is {_size_text(st.st_size)}, above the {_size_text(limit)} a "
-                                 f"{what} may have: give a TOML file of the settings (did you mean another file?)")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        chunks, total = [], 0
-        while total <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
+        if _stat.S_ISFIFO(st.st_mode):
+            chunks, total = _read_pipe(fd, path, what, limit, MAX_PIPE_SECONDS if timeout is None else timeout)
+        elif not _stat.S_ISREG(st.st_mode):
+            raise InputFileError(f"{what} {path} is {_file_kind(st.st_mode)}, not a regular file: give the path "
+                                 "of a TOML file (or a pipe: --config <(cat run.toml))")
+        else:
+            if st.st_size > limit:
+                raise InputFileError(f"{what} {path} is {_size_text(st.st_size)}, above the {_size_text(limit)} a "
+                                     f"{what} may have: give a TOML file of the settings (did you mean another file?)")
+            if hasattr(os, "set_blocking"):
+                os.set_blocking(fd, True)
+            chunks, total = [], 0
+            while total <= limit:
+                chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
     except OSError as exc:
         raise InputFileError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
     finally:
@@ -94,6 +136,41 @@ def read_input_file(path, what: str, limit: int = MAX_INPUT_BYTES) -> bytes:
     if total > limit:
         raise InputFileError(f"{what} {path} grew above the {_size_text(limit)} a {what} may have while it was read")
     return b"".join(chunks)
+
+
+def _read_pipe(fd, path, what, limit, timeout):
+    """``(chunks, total)`` of a non-blocking pipe until its writer closes it, within ``timeout`` seconds.
+
+    A FIFO that no writer has opened yet reads as end-of-file at once, so an end with nothing read is
+    waited on (polled) until data or the deadline: a process substitution's writer may start late.
+    """
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout
+    chunks, total = [], 0
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    while total <= limit:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            got = f"after {_size_text(total)}" if total else "with nothing read"
+            raise InputFileError(f"{what} {path} is a pipe that was not closed within {timeout:g} s ({got}): "
+                                 "give a TOML file, or a pipe whose writer ends (--config <(cat run.toml))")
+        if not poller.poll(max(1, int(min(left, 0.05) * 1000))):
+            continue
+        try:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+        except BlockingIOError:
+            continue
+        if chunk:
+            chunks.append(chunk)
+            total += len(chunk)
+        elif total:  # the writer closed it
+            break
+        else:  # no writer yet (or one that wrote nothing): wait for one within the deadline
+            time.sleep(0.01)
+    return chunks, total
 
 
 def _size_text(n: float) -> str:

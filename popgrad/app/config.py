@@ -202,10 +202,85 @@ def load_toml(path, what: str) -> dict:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise CLIError(f"{what} {path} is not UTF-8 text (byte {exc.start}): save it as UTF-8 TOML") from None
+    depth = toml_depth(text, MAX_TOML_DEPTH)
+    if depth > MAX_TOML_DEPTH:
+        raise CLIError(f"{what} {path} nests arrays, tables or dotted keys more than {MAX_TOML_DEPTH} levels deep: a "
+                       f"{what} holds flat settings (key = value, lists of values)")
     try:
-        return tomllib.loads(text)
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise CLIError(f"{what} {path} is not valid TOML: {' '.join(str(exc).split())}") from None
+    except RecursionError:  # a nesting the scan above missed: still one line
+        raise CLIError(f"{what} {path} nests arrays or tables too deeply to read: a {what} holds flat "
+                       f"settings (key = value, lists of values)") from None
+    if _data_depth(data, MAX_TOML_DEPTH) > MAX_TOML_DEPTH:  # dotted keys (a.b.c = 1) nest without brackets
+        raise CLIError(f"{what} {path} nests tables more than {MAX_TOML_DEPTH} levels deep (dotted keys): a "
+                       f"{what} holds flat settings (key = value, lists of values)")
+    return data
+
+
+#: Deepest nesting of arrays and tables a config file or sweep spec may have (a sweep spec needs 3:
+#: ``[[cells]]`` of tables of lists); the TOML parser recurses per level, so a deeper file is refused first.
+MAX_TOML_DEPTH = 32
+
+_TOML_TOKENS = None
+
+
+def toml_depth(text: str, stop: int) -> int:
+    """How deep TOML ``text`` nests: arrays, tables and the parts of a dotted key (``a.b.c = 1``: 3), outside
+    strings and comments; stops past ``stop``.
+
+    One regular-expression scan with a small state machine (no recursion, no parse): strings (basic,
+    literal, multi-line) and comments are skipped; a bracket opens a level (a table header ``[[cells]]``
+    counts 2); a dot counts only inside a key (at the start of a line, in a header, after ``{`` or an inline
+    table's ``,``, before its ``=``), never in a value (``1.5``).
+    """
+    import re
+
+    global _TOML_TOKENS
+    if _TOML_TOKENS is None:
+        _TOML_TOKENS = re.compile(r'"""(?:\\.|[^\\])*?"""|\'\'\'[\s\S]*?\'\'\'|"(?:\\.|[^"\\\n])*"|'
+                                  r"'[^'\n]*'|#[^\n]*|[\[\]{}=,.\n]")
+    stack = []  # "h" a table header, "[" an array, "{" an inline table
+    key, dots, deepest = True, 0, 0
+    for m in _TOML_TOKENS.finditer(text):
+        c = m.group()
+        if c == "[" or c == "{":
+            stack.append("h" if c == "[" and key and (not stack or stack[-1] == "h") else c)
+            key = c == "{" or stack[-1] == "h"
+            dots = 0
+            deepest = max(deepest, len(stack))
+        elif c == "]" or c == "}":
+            if stack:
+                stack.pop()
+            key = False
+        elif c == "=":
+            key, dots = False, 0
+        elif c == ",":
+            if stack and stack[-1] == "{":
+                key, dots = True, 0
+        elif c == "\n":
+            if not stack:
+                key, dots = True, 0
+        elif c == "." and key:
+            dots += 1
+            deepest = max(deepest, dots + 1 + len(stack))
+        if deepest > stop:
+            break
+    return deepest
+
+
+def _data_depth(data, stop: int) -> int:
+    """The nesting depth of parsed TOML (dicts and lists), without recursion; stops past ``stop``."""
+    deepest, todo = 0, [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth)
+            if deepest > stop:
+                break
+            todo.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return deepest
 
 
 def load_config_file(path) -> dict:

@@ -91,10 +91,10 @@ def log_checks(results, out: str, log=print) -> None:
     """One line per check, then where the report is."""
     for c in results:
         tag = STATUS_TAGS[c.status]
-        if c.status in ("pass", "fail"):
-            log(f"  [{tag}] {c.name}: {c.value:.4g} {c.comparison} {c.threshold:.4g}")
+        if c.status in ("pass", "fail"):  # the outcome (the relation that holds), not the rule
+            log(f"  [{tag}] {c.name}: {c.outcome}")
         elif c.status == "inconclusive":
-            log(f"  [{tag}] {c.name}: {c.value:.4g} {c.comparison} {c.threshold:.4g}: {c.reason}")
+            log(f"  [{tag}] {c.name}: {c.outcome}; {c.reason}")
         else:
             log(f"  [{tag}] {c.name}: {c.reason}")
         if c.kind == "sampled" and c.status != "not_applicable" and c.details.get("rule"):

@@ -1,15 +1,17 @@
 """``report.html``: a run's report as one self-contained page a reader opens in a browser.
 
-The verdict table comes first, then the whole of ``report.md`` (its headings, tables and lists,
-converted here: report.md uses a small, fixed subset of Markdown), then the figures, embedded as
-base64 PNG data (no file beside the page is needed). Every text is HTML-escaped.
+The page is ``report.md`` converted by `markdown-it-py <https://markdown-it-py.readthedocs.io>`_
+(CommonMark with tables; raw HTML in the text is escaped, never passed through): the verdict table
+first (each status cell coloured), then the figures, embedded as base64 PNG data where report.md links
+them (no file beside the page is needed), then the rest of the report.
 """
 from __future__ import annotations
 
 import base64
 import html
 import os
-import re
+
+from markdown_it import MarkdownIt
 
 __all__ = ["render_html", "markdown_to_html"]
 
@@ -22,110 +24,67 @@ th { background: #f3f3f3; }
 td.pass { background: #e3f6e3; } td.fail { background: #fbe0e0; }
 td.inconclusive { background: #fff4d6; } td.not_applicable { color: #666; }
 code { background: #f5f5f5; padding: 0 0.2rem; }
-figure { margin: 1rem 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
+img { max-width: 100%; border: 1px solid #ddd; }
 """
 
-_STATUS = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "not_applicable": "n/a"}
+#: The status cells of the verdict table (report.md's tags) and their CSS class.
+_STATUS_CLASS = {"PASS": "pass", "FAIL": "fail", "INCONCLUSIVE": "inconclusive", "n/a": "not_applicable"}
 
 
-def _inline(text: str) -> str:
-    """Escape, then the inline Markdown report.md uses: ``code``, **bold**, _italic_ (whole words)."""
-    out = html.escape(text.replace("\\|", "|"), quote=False)
-    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
-    out = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
-    return re.sub(r"(?<![\w])_([^_]+)_(?![\w])", r"<em>\1</em>", out)
+def _parser() -> MarkdownIt:
+    # CommonMark, raw HTML off (escaped), tables on; HTML (not XHTML) void tags
+    return MarkdownIt("commonmark", {"html": False, "xhtmlOut": False}).enable("table")
 
 
-def _cells(row: str) -> list:
-    cells = re.split(r"(?<!\\)\|", row.strip())
-    return [c.strip() for c in cells[1:-1]]
+def markdown_to_html(markdown: str, images=None) -> str:
+    """Markdown (report.md) as HTML: CommonMark with pipe tables, every text escaped.
+
+    ``images``: ``{file name: data URI}``; an image whose source is a key is embedded, any other image
+    is dropped (the page stays self-contained). A table cell that holds only a status tag (``PASS``,
+    ``FAIL``, ``INCONCLUSIVE``, ``n/a``) in a column headed ``status`` gets its class for the colour.
+    """
+    md = _parser()
+    tokens = md.parse(markdown)
+    status_col, col = None, 0
+    for i, tok in enumerate(tokens):
+        if tok.type == "thead_open":
+            status_col = None
+        if tok.type in ("th_open", "td_open"):
+            content = tokens[i + 1].content.strip() if i + 1 < len(tokens) else ""
+            if tok.type == "th_open" and content == "status":
+                status_col = col
+            if tok.type == "td_open" and col == status_col and content in _STATUS_CLASS:
+                tok.attrSet("class", _STATUS_CLASS[content])
+            col += 1
+        elif tok.type == "tr_open":
+            col = 0
+        elif tok.type == "inline" and tok.children:
+            kept = []
+            for child in tok.children:
+                if child.type == "image":
+                    src = os.path.basename(str(child.attrGet("src") or ""))
+                    if not images or src not in images:
+                        continue
+                    child.attrSet("src", images[src])
+                kept.append(child)
+            tok.children = kept
+    return md.renderer.render(tokens, md.options, {})
 
 
-def markdown_to_html(markdown: str) -> str:
-    """The subset of Markdown report.md uses (``#`` headings, pipe tables, ``-`` lists, paragraphs) as HTML."""
-    out, para, items, table = [], [], [], []
-
-    def flush():
-        if para:
-            out.append(f"<p>{_inline(' '.join(para))}</p>")
-            para.clear()
-        if items:
-            out.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + "</ul>")
-            items.clear()
-        if table:
-            head, body = _cells(table[0]), [_cells(r) for r in table[2:]]
-            rows = ["<tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr>"]
-            rows += ["<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body]
-            out.append("<table>" + "".join(rows) + "</table>")
-            table.clear()
-
-    for line in markdown.splitlines():
-        if line.startswith("|"):
-            if not table:
-                flush()
-            table.append(line)
-            continue
-        if table:
-            flush()
-        heading = re.match(r"(#{1,6}) (.*)", line)
-        if heading:
-            flush()
-            level = len(heading.group(1))
-            out.append(f"<h{level}>{_inline(heading.group(2))}</h{level}>")
-        elif line.startswith("- "):
-            if para:
-                flush()
-            items.append(line[2:])
-        elif not line.strip():
-            flush()
-        else:
-            if items:
-                flush()
-            para.append(line)
-    flush()
-    return "\n".join(out)
-
-
-def _verdicts(report: dict) -> str:
-    rows = ["<tr><th>check</th><th>status</th><th>value</th><th></th><th>threshold</th><th>kind</th>"
-            "<th>reason</th></tr>"]
-    for c in report.get("checks", []):
-        status = c.get("status") or ("pass" if c.get("passed") else "fail")
-        value, threshold = c.get("value"), c.get("threshold")
-        num = (lambda x: "n/a" if x is None else (f"{x:.4g}" if isinstance(x, float) else html.escape(str(x))))
-        rows.append(f'<tr><td>{html.escape(c["name"])}</td><td class="{html.escape(status)}">'
-                    f'{_STATUS.get(status, html.escape(status))}</td><td>{num(value)}</td>'
-                    f'<td>{html.escape(str(c.get("comparison", "")))}</td><td>{num(threshold)}</td>'
-                    f'<td>{html.escape(str(c.get("kind", "exact")))}</td>'
-                    f'<td>{html.escape(str(c.get("reason", "")))}</td></tr>')
-    counts = report.get("status_counts") or {}
-    summary = ", ".join(f"{n} {k}" for k, n in counts.items())
-    return (f"<h2>Verdicts</h2>\n<table>{''.join(rows)}</table>\n"
-            f"<p>{html.escape(summary)}; all decided checks passed: {report.get('all_passed')}; run status: "
-            f"<strong>{html.escape(str(report.get('trajectory', {}).get('status')))}</strong></p>")
-
-
-def _figures(paths) -> str:
-    parts = []
-    for path in paths:
-        if not os.path.exists(path):
-            continue
-        with open(path, "rb") as fh:
-            data = base64.b64encode(fh.read()).decode("ascii")
-        name = html.escape(os.path.basename(path))
-        parts.append(f'<figure><img alt="{name}" src="data:image/png;base64,{data}">'
-                     f"<figcaption>{name}</figcaption></figure>")
-    return ("<h2>Figures</h2>\n" + "\n".join(parts)) if parts else ""
+def _data_uri(path) -> str:
+    with open(path, "rb") as fh:
+        return "data:image/png;base64," + base64.b64encode(fh.read()).decode("ascii")
 
 
 def render_html(report: dict, markdown: str, figures=()) -> str:
-    """The report as one self-contained HTML page: verdicts, then ``markdown`` (report.md), then the
-    ``figures`` (PNG paths; those that exist are embedded as base64)."""
+    """The report as one self-contained HTML page: ``markdown`` (report.md) converted, with the
+    ``figures`` (PNG paths; those that exist) embedded where report.md links them."""
     t = report.get("task", {})
     title = html.escape(f"popgrad run report: graph {t.get('graph', '')}, S = {t.get('S')}, T = {t.get('T')}")
     if markdown.startswith("# "):  # report.md's title: the page has its own
         markdown = markdown.split("\n", 1)[1] if "\n" in markdown else ""
-    body = markdown_to_html(markdown)
+    images = {os.path.basename(str(p)): _data_uri(p) for p in figures if os.path.exists(p)}
+    body = markdown_to_html(markdown, images)
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{title}</title>\n<style>{_STYLE}</style>\n</head>\n<body>\n"
-            f"<h1>{title}</h1>\n{_verdicts(report)}\n{body}\n{_figures(figures)}\n</body>\n</html>\n")
+            f"<h1>{title}</h1>\n{body}\n</body>\n</html>\n")

@@ -219,6 +219,13 @@ def build_task(cfg) -> Task | MultiParentTask:
                                            symmetrize=MULTI_PARENT_SYMMETRY)
         return MultiParentTask(graph, prior, max_sequences=cfg["max_sequences"])
     graph = build_graph(spec, T, cfg["seed"])
+    if continuous and cfg.get("roots", "stationary") == "stationary":
+        from ..task.dirichlet import stationary_alpha_problem
+
+        problem = stationary_alpha_problem(S, cfg["alpha"])
+        if problem is not None:  # the weights have no method there: refused before anything is built
+            raise CLIError("--" + problem.replace("alpha = ", "alpha ", 1).replace("use alpha", "use --alpha")
+                           + ", or --roots uniform (exact at every alpha)")
     if continuous:
         return Task(graph, DirichletPrior(S, cfg["alpha"], roots=cfg.get("roots", "stationary")),
                     max_sequences=cfg["max_sequences"])

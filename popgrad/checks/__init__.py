@@ -16,6 +16,7 @@
   (one fixed sample or fresh batches), its ``N_min`` over seeds and the fits of ``N_min(T_eff)``;
 * :mod:`.catformer` -- checks of a trained full model (population attention, graph recovery, head
   specialization, induction head);
+* :mod:`.model_checks` -- checks of any :class:`popgrad.Model` from its layer-1 attention (graph recovery);
 * :mod:`._kernels` -- numba kernels of the OOD check.
 """
 from . import catformer
@@ -37,6 +38,8 @@ from .scale import (
 )
 from .linear_response import CatFormerLinearResponse, catformer_linear_response
 from .catformer import check_catformer_graph_recovery, check_catformer_head_specialization, check_induction_head
+from .model_checks import (check_model_graph_recovery, check_model_head_specialization, check_model_induction_head,
+                           model_population_attention)
 from .theorems import (
     alignment_sweep,
     check_gradient_alignment,
@@ -71,4 +74,6 @@ __all__ = [
     "Stage2Optimum", "converge_stage2", "converged_loss_sweep", "default_roots_T", "root_drive_ratio",
     "check_catformer_graph_recovery", "check_catformer_head_specialization", "check_induction_head",
     "CatFormerLinearResponse", "catformer_linear_response",
+    "check_model_graph_recovery", "check_model_head_specialization", "check_model_induction_head",
+    "model_population_attention",
 ]

@@ -22,12 +22,15 @@ Layer-2 features of a position: ``h^(1) = [x̃, out_1, …, out_m]`` with head
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .._validation import ArgumentTypeError
 from ..engine.catformer_attention import catformer_attention
 from ..model.catformer import CatFormer, catformer_forward, check_task_model
 from ..task.tasks import MultiParentTask
+from .chance import chance_guard
 from .results import ATTENTION_LIFT, CheckResult, attention_lift, not_applicable
 from .recovery import check_head_specialization
 
@@ -134,7 +137,8 @@ def check_catformer_graph_recovery(task, model, params) -> CheckResult:
                  "attention and the positional block, and every argmax is the parent"),
     }
     passed = value >= ATTENTION_LIFT and len(hits) == len(nr)
-    return CheckResult("catformer_graph_recovery", value, ATTENTION_LIFT, passed, ">=", statement, details)
+    res = CheckResult("catformer_graph_recovery", value, ATTENTION_LIFT, passed, ">=", statement, details)
+    return chance_guard(res, [i + 1 for i in nr], choices=model.heads[0], what="rows with parents")
 
 
 def check_catformer_head_specialization(task, model, params) -> CheckResult:
@@ -155,7 +159,18 @@ def check_catformer_head_specialization(task, model, params) -> CheckResult:
     low = np.tri(task.T, dtype=bool)
     logits = np.where(low, np.log(np.maximum(Pbar, np.finfo(float).tiny)), 0.0)  # softmax(MASK(log P̄)) = P̄
     res = check_head_specialization(task, logits)
-    return res._replace(statement=statement, details={**res.details, "attention": "population average"})
+    res = res._replace(statement=statement, details={**res.details, "attention": "population average"})
+    return _specialization_chance(res, task.k)
+
+
+def _specialization_chance(res, k):
+    """The chance guard of head specialization: ``k`` heads, each on every row with parents, the best of the
+    ``k!`` slot assignments searched (:func:`popgrad.checks.recovery.check_head_specialization`)."""
+    if not res.decided:
+        return res
+    rows = res.details["rows"]
+    return chance_guard(res, [i + 1 for i in rows] * k, choices=math.factorial(k) if k <= 6 else 1,
+                        what="(head, row) pairs")
 
 
 def _margin(B) -> float:
@@ -233,7 +248,9 @@ def check_induction_head(task, model, params) -> CheckResult:
                  "layer-2 mass on matching positions, u its value at uniform attention, m* the construction's; the "
                  "copy lift: the smallest lift over rows of the layer-1 attention to each parent slot (best head)"),
     }
-    return CheckResult("induction_head", value, ATTENTION_LIFT, value >= ATTENTION_LIFT, ">=", statement, details)
+    res = CheckResult("induction_head", value, ATTENTION_LIFT, value >= ATTENTION_LIFT, ">=", statement, details)
+    # the copy lift alone asks every key row of the best layer-1 head to reach the lift: its chance bounds the pass
+    return chance_guard(res, keys + 1, choices=model.heads[0], what="key rows layer 1 must copy")
 
 
 def _matching_mass(task, model, params, slots, keys):

@@ -31,12 +31,66 @@ from .._validation import ArgumentTypeError, as_int
 from ..engine.baselines import official_bayes_predict
 from ..model.catformer import CatFormer, catformer_forward
 from ..task.tasks import MultiParentTask, Task
-from .catformer import _margin, attention_to_parent_per_position, positional_attention
+from .catformer import _margin, _specialization_chance, attention_to_parent_per_position, positional_attention
+from .chance import chance_guard
 
-__all__ = ["sampled_readouts", "sampled_loss_estimates", "sampled_catformer_checks", "BAYES_MAX_ATOM_WORK"]
+__all__ = ["sampled_readouts", "sampled_loss_estimates", "sampled_catformer_checks", "BAYES_MAX_ATOM_WORK",
+           "READOUT_CHUNK_BYTES", "forward_bytes_per_sequence", "readout_rows_per_chunk", "readout_peak_bytes",
+           "forward_flops"]
 
 #: A finite prior's posterior predictive over K atoms for n sequences is computed when ``K·n`` is at most this.
 BAYES_MAX_ATOM_WORK = 2**26
+
+#: The forward passes of the read-outs run over chunks of sequences whose forward pass needs at most about this
+#: many bytes (:func:`forward_bytes_per_sequence`), at least one sequence per chunk.
+READOUT_CHUNK_BYTES = 2**27
+
+
+def forward_bytes_per_sequence(model) -> int:
+    """An upper estimate of one sequence's share of the peak memory of
+    :func:`popgrad.model.catformer.catformer_forward` (bytes, float64).
+
+    Per layer ``ℓ`` (``m`` heads, input width ``d``, output width ``d' = d(1+m)``): the attention of
+    every head, kept and stacked (``2 m T²``), one head's scores and softmax temporaries (``5 T²``, ``T d``
+    for ``h Ã``), the heads' outputs and the concatenated rows (``m T d + T d'``), and the input rows
+    (``T d``); plus the embedding ``T d_0``. Summed over layers (an upper bound: not every layer's
+    temporaries are alive at once). A Python integer: exact at any size.
+    """
+    T, dims, heads = int(model.T), [int(d) for d in model.dims], [int(m) for m in model.heads]
+    words = T * dims[0]
+    for l, m in enumerate(heads):
+        d, d_next = dims[l], dims[l + 1]
+        words += 2 * m * T * T + 5 * T * T + 2 * T * d + m * T * d + T * d_next
+    return 8 * words
+
+
+def forward_flops(model) -> int:
+    """Floating-point operations of one sequence's forward pass (:func:`popgrad.model.catformer.catformer_forward`):
+    per layer and head ``2 T d² + 4 T² d`` (``h Ã``, the scores, the attention times ``h``), ``d`` the layer's
+    input width. The read-outs make two forward passes per held-out sequence (attention, then the losses)."""
+    T, dims = int(model.T), [int(d) for d in model.dims]
+    return sum(int(m) * (2 * T * dims[l] ** 2 + 4 * T * T * dims[l]) for l, m in enumerate(model.heads))
+
+
+def readout_rows_per_chunk(model, chunk: int = 4096) -> int:
+    """Sequences per forward pass of the read-outs: ``chunk``, fewer when their forward pass would need more
+    than :data:`READOUT_CHUNK_BYTES` (at least one)."""
+    return int(max(1, min(int(chunk), READOUT_CHUNK_BYTES // forward_bytes_per_sequence(model))))
+
+
+def readout_peak_bytes(task, model, n: int, chunk: int = 4096) -> int:
+    """An upper estimate of the peak memory of :func:`sampled_readouts` with ``n`` held-out sequences (bytes).
+
+    The held-out sample and its draw (``n (3T + 4S² + 4S)`` words: tokens, uniforms, a ``π`` per sequence
+    for the continuous prior, the soft labels), the per-sequence read-outs kept for their SEs (losses,
+    predictions, masses: ``n (6S + 8)`` words), the population-attention sums (``3 m_1 T²``), and one chunk's
+    forward pass (:func:`readout_rows_per_chunk` × :func:`forward_bytes_per_sequence`). The up-front size
+    guard of a sampled ``popgrad run`` reads it (with the training batch's, the one rule
+    :func:`popgrad._io.over_half_of_memory`). A Python integer.
+    """
+    S, T, n = int(task.S), int(task.T), int(n)
+    words = n * (3 * T + 4 * S * S + 4 * S) + n * (6 * S + 8) + 3 * int(model.heads[0]) * T * T
+    return 8 * words + readout_rows_per_chunk(model, chunk) * forward_bytes_per_sequence(model)
 
 
 def _est(x) -> dict:
@@ -96,7 +150,9 @@ def sampled_loss_estimates(task, model, params, sample, alpha=None, bayes=True) 
     ``L_bayes``, ``model_minus_bayes`` (else a dict with ``value`` None and the ``reason``).
     """
     seqs, y = sample.seqs, sample.targets
-    f = catformer_forward(model, params, seqs)[0]
+    rows = readout_rows_per_chunk(model)
+    f = np.concatenate([catformer_forward(model, params, seqs[lo:lo + rows])[0]
+                        for lo in range(0, seqs.shape[0], rows)])
     lm = _xent(y, f)
     lo = _xent(y, official_bayes_predict(task.graph, seqs, task.S, _alpha_of(task, alpha)))
     out = {"L_model": _est(lm), "L_official_bayes": _est(lo), "model_minus_official_bayes": _est(lm - lo)}
@@ -128,6 +184,9 @@ def sampled_readouts(task, model, params, n: int = 8192, seed: int = 12345, alph
         The official estimator's pseudo-count; default the prior's ``alpha``.
     bayes : bool
         Compute the task's Bayes loss where known.
+    chunk : int
+        Sequences per forward pass, at most (fewer when one chunk's forward pass would need more than
+        :data:`READOUT_CHUNK_BYTES`: :func:`readout_rows_per_chunk`).
 
     Returns
     -------
@@ -146,7 +205,7 @@ def sampled_readouts(task, model, params, n: int = 8192, seed: int = 12345, alph
     params = model.check_params(params)
     n = as_int(n, "n", minimum=2)
     seed = as_int(seed, "seed", minimum=0)
-    chunk = as_int(chunk, "chunk", minimum=1)
+    chunk = readout_rows_per_chunk(model, as_int(chunk, "chunk", minimum=1))
     sample = task.sample(n, seed)
     S, T = model.S, model.T
     graph = task.graph
@@ -273,7 +332,7 @@ def sampled_catformer_checks(task, model, params, readouts) -> list:
             if abs(value - ATTENTION_LIFT) <= 2 * se_value and (len(hits) == len(nr)):
                 res = inconclusive(res, f"sampled: the lift {value:.3g} is within 2 SE ({se_value:.2g}) of the "
                                         f"threshold {ATTENTION_LIFT:g}: raise n")
-            out.append(res)
+            out.append(chance_guard(res, [i + 1 for i in nr], choices=model.heads[0], what="rows with parents"))
     st = ("each layer-1 head of the full model attends to one parent slot (population attention), and the heads "
           "split the k slots one-to-one")
     if not isinstance(task, MultiParentTask):
@@ -285,8 +344,9 @@ def sampled_catformer_checks(task, model, params, readouts) -> list:
         low = np.tri(T, dtype=bool)
         logits = np.where(low, np.log(np.maximum(mean, np.finfo(float).tiny)), 0.0)
         res = check_head_specialization(task, logits)
-        out.append(res._replace(statement=st, kind="sampled",
-                                details={**res.details, "attention": f"population average, sampled (n = {n})"}))
+        out.append(_specialization_chance(res._replace(
+            statement=st, kind="sampled", details={**res.details, "attention": f"population average, sampled (n = {n})"}),
+            task.k))
     st = ("layer 2 is an induction head: in its token-token block (query's parent token x the parent token layer 1 "
           "copied into the key) every query token scores its own token highest")
     ind = readouts.get("induction")

@@ -52,7 +52,7 @@ NEEDS = {
 
 #: The statement each check tests (named in its inconclusive reasons).
 STATEMENT_OF = {"graph_recovery": "Knowl 1.1", "head_specialization": "Knowl 9", "gradient_alignment": "Knowl 3",
-                "alignment_rate": "Knowl 3", "field_dpi": "the DPI (Knowl 2)", "loss_convergence": "Knowl 1.2",
+                "alignment_rate": "Knowl 3", "field_dpi": "the DPI (Knowl 3.2)", "loss_convergence": "Knowl 1.2",
                 "ood_generalization": "Knowl 4", "roots_uniform": "Knowl 3.3", "roots_at_scale": "Knowl 3.3",
                 "sample_complexity": "the finite-sample Stage 1 (Knowl 3 at N samples)"}
 
@@ -159,6 +159,13 @@ def measure_hypotheses(task, gamma_min: float = GAMMA_MIN) -> Hypotheses:
     return Hypotheses(items, float(gamma_min))
 
 
+#: The assumptions a Dirichlet prior meets with ``floor`` and ``uniform_mean`` (the defaults of ``popgrad run``,
+#: not of :func:`popgrad.dirichlet_prior`); an inconclusive reason that names one of them says how.
+PRIOR_FIXABLE = ("gamma", "uniform_mean")
+PRIOR_HINT = (" (single-parent tasks: dirichlet_prior(..., floor=0.15, uniform_mean=True), the default prior "
+              "of popgrad run, meets them)")
+
+
 def within_hypotheses(result: CheckResult, hypotheses: Hypotheses | None, needs=None) -> CheckResult:
     """``result``, made ``"inconclusive"`` when an assumption it needs fails on the task.
 
@@ -179,6 +186,8 @@ def within_hypotheses(result: CheckResult, hypotheses: Hypotheses | None, needs=
     names = " and ".join(sorted({h.knowl for h in bad}))
     what = "; ".join(h.describe() for h in bad)
     reason = f"{what}; {STATEMENT_OF.get(result.name, 'the statement')} assumes {names}"
+    if {h.name for h in bad} & set(PRIOR_FIXABLE):  # where the API's default prior and the CLI's differ
+        reason += PRIOR_HINT
     if result.status == "inconclusive":  # already undecided (e.g. pre-asymptotic): say both
         return result._replace(reason=f"{result.reason}; also {reason}")
     return inconclusive(result, reason)

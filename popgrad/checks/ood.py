@@ -20,7 +20,7 @@ from .hypotheses import within_hypotheses
 from .results import CheckResult, fit_power_law, inconclusive, not_applicable
 
 __all__ = ["ood_transition", "sup_error_distribution", "ood_verdict", "check_ood", "SHRINK_RTOL", "OOD_FRACTION",
-           "context_free_table", "context_free_loss", "context_free_predictor", "count_predictor"]
+           "in_distribution_quantile", "IN_DISTRIBUTION_PAIRS", "context_free_table", "context_free_loss", "context_free_predictor", "count_predictor"]
 
 
 def ood_transition(S: int, gamma: float = 0.3, seed: int = 2**31 - 1) -> np.ndarray:
@@ -67,10 +67,127 @@ def sup_error_distribution(task: Task, A1, A2, atoms, atom_weights, predictor=No
             errs.extend(e)
             probs.extend(pr)
             continue
-        for k in range(atoms.shape[0]):
-            errs.append(np.abs(f - atoms[k][q]).max(axis=1))
-            probs.append(atom_weights[k] * (p[k][:, None] * atoms[k][q]).sum(axis=1))
+        aw = np.asarray(atom_weights, dtype=float)
+        kb = max(1, 2**21 // (len(seqs) * S))  # atoms per NumPy block: the same rows, reduced the same way
+        for k0 in range(0, atoms.shape[0], kb):
+            a = atoms[k0:k0 + kb][:, q]  # (kb, n, S): π_k(· | q_m)
+            errs.extend(np.abs(f[None] - a).max(axis=2))
+            probs.extend(aw[k0:k0 + kb, None] * (p[k0:k0 + kb, :, None] * a).sum(axis=2))
     return np.concatenate(errs), np.concatenate(probs)
+
+
+#: The in-distribution errors of :func:`check_ood` are held at once for at most this many (atom, sequence)
+#: pairs (then :func:`sup_error_distribution` and one weighted quantile, the same bits as ever); past it they
+#: are streamed over chunks of atoms of about this many pairs (:func:`in_distribution_quantile`), so a
+#: relabeling closure of 40,320 atoms needs memory for one chunk, not for 165 million pairs.
+IN_DISTRIBUTION_PAIRS = 2**22
+_BINS = 4096
+
+
+def in_distribution_quantile(task, A1, A2, quantile: float) -> tuple:
+    """``(q_in, m_in)``: the ``quantile`` and the mean of :func:`sup_error_distribution` over the task's own
+    atoms, in memory for one chunk of atoms (:data:`IN_DISTRIBUTION_PAIRS`).
+
+    Small enough (``K · S**T`` pairs at most :data:`IN_DISTRIBUTION_PAIRS`): the whole distribution and one
+    weighted quantile. Past it: exact selection by passes over chunks of atoms -- the total weight, then a
+    histogram of the weights over a value range that shrinks around the quantile until the range holds at
+    most :data:`IN_DISTRIBUTION_PAIRS` pairs (or a single value), whose candidates are sorted and summed from
+    the weight below the range (three passes when the errors are spread), each pass in the one kernel
+    (for ``S ≥ 8`` its label sums run in order, not NumPy's pairwise order: a weight within an ulp). The same
+    quantile as the whole-distribution rule, except where a running sum is within rounding of
+    ``quantile · total`` (the sums run in another order); the mean within rounding.
+    """
+    atoms, weights = task.prior.atoms, task.prior.weights
+    K, n = atoms.shape[0], task.n_sequences
+    if K * n <= IN_DISTRIBUTION_PAIRS:
+        e, p = sup_error_distribution(task, A1, A2, atoms, weights)
+        return _weighted_quantile(e, p, quantile), float(e @ p / p.sum())
+    atoms = np.ascontiguousarray(atoms, dtype=float)
+    weights = np.asarray(weights, dtype=float)
+    mu = stationary_distribution(atoms)
+    parents = np.ascontiguousarray(task.graph.parents, dtype=np.int64)
+    S, T = task.S, task.T
+    rows = min(n, 2**15)
+    # atoms per chunk: the chunk's pairs within the budget, its matrices within a core's cache (256 KB)
+    per = max(1, min(IN_DISTRIBUTION_PAIRS // rows, 2**18 // (8 * S * S)))
+
+    def chunks():  # the pairs of sup_error_distribution, sequences outer (one prediction each), atoms inner
+        for start in range(0, n, rows):
+            seqs = decode_sequences(start, min(start + rows, n), S, T)
+            f = np.ascontiguousarray(predict(A1, A2, seqs), dtype=np.float64)
+            q = seqs[:, -1]
+            for k0 in range(0, K, per):
+                a = atoms[k0:k0 + per]
+                p = np.empty((a.shape[0], len(seqs)))
+                _kernels.atom_prefix_probs(seqs, parents, mu[k0:k0 + per], a, p)
+                e, pr = np.empty_like(p), np.empty_like(p)
+                _kernels.sup_error_rows(f, q, a, p, weights[k0:k0 + per], e, pr)
+                e = e.ravel()
+                yield np.where(np.isnan(e), np.inf, e), pr.ravel()  # NaN sorts last, as in the whole rule
+
+    total = ep = None
+    nan = False
+    lo, hi = 0.0, 1.0  # sup errors of probability vectors; anything else lands in the end bins
+    for _ in range(64):  # each pass narrows the range 1365-fold; floats run out long before 64
+        if lo > hi:
+            break
+        binw = np.zeros(_BINS + 2)  # bin 0: below lo; 1..BINS: [lo, hi]; BINS + 1: above hi (and inf)
+        count = np.zeros(_BINS + 2, dtype=np.int64)
+        first = total is None
+        if first:
+            total = ep = 0.0
+        for e, p in chunks():
+            if first:  # the first pass also sums the total weight and the mean
+                fin = np.isfinite(e)
+                total += float(p.sum())
+                ep += float(e[fin] @ p[fin])
+                nan = nan or not fin.all()
+            idx = np.ones(e.shape, dtype=np.int64)
+            if hi > lo:
+                with np.errstate(invalid="ignore"):
+                    idx = np.clip(np.floor((e - lo) / (hi - lo) * _BINS), 0, _BINS - 1).astype(np.int64) + 1
+            idx = np.where(e < lo, 0, np.where(e > hi, _BINS + 1, idx))
+            binw += np.bincount(idx, weights=p, minlength=_BINS + 2)
+            count += np.bincount(idx, minlength=_BINS + 2)
+        if first:
+            target = quantile * total
+            mean = float("nan") if nan else ep / total
+        # the first bin holding a value whose running sum reaches the target (zero-weight values count, as in
+        # the sorted rule); past every finite error (up to rounding): a NaN error, else the largest finite one
+        held = count > 0
+        reach = np.flatnonzero((np.cumsum(binw) >= target) & held)
+        b = int(reach[0]) if reach.size else _BINS + 1
+        if b > _BINS:
+            if nan:
+                return float("nan"), mean
+            b = int(np.flatnonzero(held[:_BINS + 1])[-1])
+        if hi == lo:
+            return lo, mean
+        if count[1:_BINS + 1].sum() <= IN_DISTRIBUTION_PAIRS:  # the candidates fit what one chunk holds
+            return _collect(chunks, lo, hi, target), mean
+        # the quantile lies in bin b up to rounding of the sums (which run in another order): keep b-1 .. b+1
+        width = (hi - lo) / _BINS
+        b = max(b, 1)
+        lo, hi = lo + max(b - 2, 0) * width, min(hi, lo + (b + 1) * width)
+    return (_collect(chunks, lo, hi, target) if lo <= hi else float("nan")), mean
+
+
+def _collect(chunks, lo, hi, target):
+    """The candidates in ``[lo, hi]`` sorted, summed from the weight below ``lo``: the first reaching ``target``."""
+    below = 0.0
+    vals, ws = [], []
+    for e, p in chunks():
+        below += float(p[e < lo].sum())
+        inside = (e >= lo) & (e <= hi)
+        vals.append(e[inside])
+        ws.append(p[inside])
+    v, w = np.concatenate(vals), np.concatenate(ws)
+    if not v.size:
+        return float("nan")
+    order = np.argsort(v, kind="stable")
+    cw = below + np.cumsum(w[order])
+    i = int(min(np.searchsorted(cw, target, "left"), len(v) - 1))
+    return float(v[order][i])
 
 
 def context_free_table(task, joint: bool = False):
@@ -229,9 +346,7 @@ def check_ood(task: Task, A1, A2, pi_ood=None, gamma: float = 0.3, quantile: flo
     if task.continuous:  # no atoms to weigh the in-distribution errors by; every π̃ lies in the Dirichlet's support
         q_in = m_in = distance = None
     else:
-        e_in, p_in = sup_error_distribution(task, A1, A2, task.prior.atoms, task.prior.weights)
-        q_in = _weighted_quantile(e_in, p_in, quantile)
-        m_in = float(e_in @ p_in / p_in.sum())
+        q_in, m_in = in_distribution_quantile(task, A1, A2, quantile)  # streamed over atoms past a size
         distance = float(np.abs(task.prior.atoms - pi_ood[None]).max(axis=(1, 2)).min())
     details = {
         "quantile": quantile,

@@ -6,11 +6,63 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["ATTENTION_LIFT", "attention_lift", "CheckResult", "RATE_EXPONENT", "STATUSES", "rate_status", "SweepFit", "all_passed", "fit_power_law", "inconclusive", "not_applicable"]
+__all__ = ["ATTENTION_LIFT", "attention_lift", "CheckResult", "STATEMENT_LABELS", "statement_label", "outcome", "RATE_EXPONENT", "STATUSES", "rate_status", "SweepFit", "all_passed", "fit_power_law", "inconclusive", "not_applicable"]
 
 
 #: The four verdicts of a check (DESIGN §15).
 STATUSES = ("pass", "fail", "inconclusive", "not_applicable")
+
+#: Each check's statement, named as a reader of the paper knows it, then its label in popgrad's summary of the
+#: paper ("Knowl N"; the map to the paper's own numbers: docs/guide/paper_statements.md). Reports, ``str`` of a
+#: check and the docs name the statement first: "graph recovery in the first layer (Knowl 1.1)".
+STATEMENT_LABELS = {
+    "graph_recovery": "graph recovery in the first layer (Knowl 1.1)",
+    "catformer_graph_recovery": "graph recovery by the full model's first layer (Knowl 1.1, the experiments)",
+    "model_graph_recovery": "graph recovery by a trained model's first layer (Knowl 1.1, the experiments)",
+    "head_specialization": "one head per parent, multi-parent graphs (Knowl 9)",
+    "gradient_alignment": "attention gradients compute the χ² mutual information (Knowl 3)",
+    "alignment_rate": "attention gradients compute the χ² mutual information (Knowl 3)",
+    "field_dpi": "the parent maximizes the gradient, by the data-processing inequality (Knowl 3.2)",
+    "loss_convergence": "population loss convergence (Knowl 1.2)",
+    "ood_generalization": "out-of-distribution generalization (Knowl 4)",
+    "roots_uniform": "in-context roots stay near uniform (Knowl 3.3)",
+    "roots_at_scale": "in-context roots stay near uniform (Knowl 3.3)",
+    "sample_complexity": "graph recovery from finitely many samples (the finite-sample analysis)",
+    "induction_head": "the second layer is an induction head (Knowl 8's construction)",
+}
+
+#: The comparison each ``comparison`` negates when its rule is not met, and how reports print both.
+_NEGATION = {">=": "<", "<=": ">", ">": "<=", "<": ">="}
+_SYMBOL = {">=": "≥", "<=": "≤", ">": ">", "<": "<"}
+
+
+def statement_label(name: str) -> str:
+    """The statement a check tests, named first (``"population loss convergence (Knowl 1.2)"``); the check's
+    name itself when popgrad has no label for it."""
+    return STATEMENT_LABELS.get(str(name), str(name))
+
+
+def _num(x) -> str:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    return f"{x:.4g}" if math.isfinite(x) else "n/a"
+
+
+def outcome(value, comparison: str, threshold) -> str:
+    """What a check measured against its rule, as the outcome: ``"0.9751 ≥ 0.9: met"``,
+    ``"-0.3049 > -0.4: not met"`` (the relation that holds, never the rule when it fails); ``"n/a"``
+    without a value or a rule. 4 significant digits."""
+    try:
+        v, t = float(value), float(threshold)
+    except (TypeError, ValueError):
+        return "n/a"
+    if comparison not in _NEGATION or not (math.isfinite(v) and math.isfinite(t)):
+        return "n/a" if not (isinstance(v, float) and math.isfinite(v)) else _num(v)
+    met = {">=": v >= t, "<=": v <= t, ">": v > t, "<": v < t}[comparison]
+    shown = comparison if met else _NEGATION[comparison]
+    return f"{_num(v)} {_SYMBOL[shown]} {_num(t)}: {'met' if met else 'not met'}"
 
 
 class _CheckFields(NamedTuple):
@@ -84,6 +136,35 @@ class CheckResult(_CheckFields):
             d["reason"] = changes.get("reason", "")
         d.update(changes)
         return CheckResult(**d)
+
+    @property
+    def label(self) -> str:
+        """The statement this check tests, named first: ``"population loss convergence (Knowl 1.2)"``."""
+        return statement_label(self.name)
+
+    @property
+    def outcome(self) -> str:
+        """The measured value against the rule, as it came out: ``"-0.3049 > -0.4: not met"`` (see
+        :func:`outcome`)."""
+        return outcome(self.value, self.comparison, self.threshold)
+
+    def __str__(self) -> str:
+        """One paragraph: the verdict, the statement, the outcome and the reason."""
+        tag = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "not_applicable": "N/A"}[self.status]
+        head = f"{tag} {self.name}: {self.label}"
+        lines = [head, f"  outcome: {self.outcome}" + (" (sampled)" if self.kind == "sampled" else "")]
+        if self.reason:
+            lines.append(f"  reason: {self.reason}")
+        lines.append(f"  statement: {self.statement}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        """Short: name, status, value, rule (``CheckResult(name='graph_recovery', status='pass', value=0.9751,
+        rule='>= 0.9', kind='exact')``); the details are in ``.details``."""
+        rule = "n/a" if self.comparison not in _SYMBOL else f"{self.comparison} {_num(self.threshold)}"
+        extra = f", reason={self.reason!r}" if self.reason else ""
+        return (f"CheckResult(name={self.name!r}, status={self.status!r}, value={_num(self.value)}, "
+                f"rule={rule!r}, kind={self.kind!r}{extra})")
 
     @property
     def decided(self) -> bool:

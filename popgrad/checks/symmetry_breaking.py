@@ -30,11 +30,11 @@ import numpy as np
 from .._validation import ArgumentTypeError, as_int, as_real
 from ..engine.catformer import catformer_loss, catformer_loss_and_grad
 from ..engine.catformer_rows import catformer_batch_loss_and_grad
-from ..engine.hessian import basis_embed, basis_project, head_swap, hessian_spectrum, subspace_basis
+from ..engine.hessian import _tol, basis_embed, basis_project, head_swap, hessian_spectrum, subspace_basis
 from ..engine.hvp import _catformer_hvp_flat, _rows_hvp_flat, flatten_params, unflatten_params
 from ..model.catformer import CatFormer, CatFormerParams
 from ..task.tasks import MultiParentTask
-from ..train.optim import Optimizer
+from ..train.optim import GradientTransformationLike, Optimizer, apply_updates, linearisation_of
 from .catformer import positional_attention
 
 __all__ = [
@@ -109,6 +109,7 @@ def preconditioned_spectrum(task, model, params, D, k=2, layer=0, heads=(0, 1), 
     """
     from scipy.sparse.linalg import LinearOperator, eigsh
 
+    tol = _tol(tol)
     p = model.check_params(params)
     perm = head_swap(model, layer, heads)
     basis = subspace_basis(perm, "head_antisymmetric")
@@ -202,7 +203,8 @@ class SymmetryRun(NamedTuple):
     def unstable_step(self):
         """First spectrum step where the antisymmetric direction is unstable (GD: ``λ_min < 0``; Adam: the
         preconditioned ``λ_min < 0``), or ``None``."""
-        lam = self.plam_min if self.optimizer in ("adam", "adamw") else self.lam_min
+        adam = self.optimizer in ("adam", "adamw") or not np.all(np.isnan(self.plam_min))  # Adam's reading
+        lam = self.plam_min if adam else self.lam_min
         idx = np.flatnonzero(lam < 0)
         return int(self.spec_step[idx[0]]) if idx.size else None
 
@@ -214,9 +216,11 @@ def follow_symmetric_start(task, model, start, steps, optimizer="gd", lr=1.0, lr
     """Step the exact trajectory from ``start`` and the linearised heads' difference beside it (module docstring).
 
     The update is :meth:`popgrad.train.optim.Optimizer.step` on the exact gradient (the rule of
-    :func:`popgrad.train_catformer`; the trajectory is bit-identical to it). The linearisation is about the
-    symmetric part ``θ̄_t`` of the measured trajectory, with one exact Hessian-vector product
-    (:func:`popgrad.catformer_hvp`) per step; the antisymmetric spectrum (Lanczos, ``k`` per end) every
+    :func:`popgrad.train_catformer`; the trajectory is bit-identical to it). ``optimizer``: a name (with
+    ``lr``, ``lr_schedule``, ``weight_decay``) or a rule object carrying its own; the linearisation is the
+    rule's ``linearisation`` (:class:`popgrad.train.optim.Linearisation`), and a rule without one is refused.
+    The linearisation is about the symmetric part ``θ̄_t`` of the measured trajectory, with one exact
+    Hessian-vector product (:func:`popgrad.catformer_hvp`) per step; the antisymmetric spectrum (Lanczos, ``k`` per end) every
     ``spectrum_every`` steps (default ``max(1, steps // 16)``; ``eigsh`` tolerance ``spectrum_tol``), or at the
     steps listed in ``spectrum_steps`` (and the last).
 
@@ -241,7 +245,10 @@ def follow_symmetric_start(task, model, start, steps, optimizer="gd", lr=1.0, lr
     sample_seed = as_int(sample_seed, "sample_seed", minimum=0)
     lin_end = steps if linearize_until is None else as_int(linearize_until, "linearize_until", minimum=0)
     spec_at = None if spectrum_steps is None else {as_int(t, "spectrum_steps[]", minimum=0) for t in spectrum_steps}
-    rule = Optimizer(optimizer, lr, lr_schedule, steps, weight_decay)
+    spectrum_tol = _tol(spectrum_tol)
+    rule, lin = _linearised_rule(optimizer, lr, lr_schedule, steps, weight_decay)
+    wd, adam = lin.weight_decay, lin.kind == "adam"
+    step = rule.step if isinstance(rule, Optimizer) else _transform_step(rule)
     p = model.check_params(start)
     perm = head_swap(model, layer, heads)
     shapes = [a.shape for a in p.A] + [p.W.shape]
@@ -266,7 +273,7 @@ def follow_symmetric_start(task, model, start, steps, optimizer="gd", lr=1.0, lr
     vbar = np.zeros_like(x)
     rec = {k_: [] for k_ in ("step", "lr", "loss", "delta", "delta_lin", "cos", "err", "pref")}
     spec = {k_: [] for k_ in ("step", "lmin", "lmax", "plmin", "pref")}
-    b1, b2, e = rule.b1, rule.b2, rule.eps
+    b1, b2, e = lin.b1, lin.b2, lin.eps
     for t in range(steps + 1):
         x = np.concatenate([a.reshape(-1) for a in arrays])
         delta = (x - x[perm]) / 2
@@ -281,7 +288,7 @@ def follow_symmetric_start(task, model, start, steps, optimizer="gd", lr=1.0, lr
             res = catformer_loss_and_grad(task, model, params)
             loss_t = res.loss
         g = np.concatenate([a.reshape(-1) for a in res.dA] + [res.dW.reshape(-1)])
-        lr_t = rule.lr_at(t)
+        lr_t = lin.learning_rate(t)
         nd, nl = float(np.linalg.norm(delta)), float(np.linalg.norm(dlin))
         rec["step"].append(t)
         rec["lr"].append(lr_t)
@@ -294,7 +301,9 @@ def follow_symmetric_start(task, model, start, steps, optimizer="gd", lr=1.0, lr
         rec["pref"].append(parent_preference(task, model, delta, layer, heads) if two else np.full(2, np.nan))
         pbar = unflatten_params(model, xbar)
         gbar = (g + g[perm]) / 2
-        if rule.is_adam:  # the symmetric moments the linearisation expands about
+        if adam and lin.decay == "coupled" and wd:  # coupled decay: the rule's moments see g + wd θ
+            gbar = gbar + wd * xbar
+        if adam:  # the symmetric moments the linearisation expands about
             mbar = (1 - b1) * gbar + b1 * mbar
             vbar = (1 - b2) * gbar * gbar + b2 * vbar
         if (t in spec_at if spec_at is not None else t % spectrum_every == 0) or t == steps:
@@ -307,7 +316,7 @@ def follow_symmetric_start(task, model, start, steps, optimizer="gd", lr=1.0, lr
             if vec @ delta < 0:
                 vec = -vec
             spec["pref"].append(parent_preference(task, model, vec, layer, heads) if two else np.full(2, np.nan))
-            if rule.is_adam and preconditioned:
+            if adam and preconditioned:
                 n_ = t + 1
                 D = np.sqrt(vbar / (1 - b2**n_)) + e
                 pv, _ = preconditioned_spectrum(task, model, pbar, D, k=k, layer=layer, heads=heads, tol=spectrum_tol)
@@ -320,35 +329,67 @@ def follow_symmetric_start(task, model, start, steps, optimizer="gd", lr=1.0, lr
         if t == steps:
             break
         if t >= lin_end:  # no more linearisation: the exact step only
-            arrays, state = rule.step(t, arrays, [*res.dA, res.dW], state)
+            arrays, state = step(t, arrays, [*res.dA, res.dW], state)
             continue
         # the linearised step (about θ̄_t), then the exact one
         if sampled:
             gam = flatten_params(_rows_hvp_flat(batch.seqs, bw, model, pbar, dlin, eps))
         else:
             gam = flatten_params(_catformer_hvp_flat(task, model, pbar, dlin, eps))
-        if rule.is_adam:
+        if adam:
             n_ = t + 1
             c1, c2 = 1 - b1**n_, 1 - b2**n_
-            if rule.name == "adam" and weight_decay:
-                gam = gam + weight_decay * dlin
+            if lin.decay == "coupled" and wd:
+                gam = gam + wd * dlin
             mu_l = (1 - b1) * gam + b1 * mu_l
             nu_l = 2 * (1 - b2) * gbar * gam + b2 * nu_l
             sv = np.sqrt(vbar / c2)
             with np.errstate(divide="ignore", invalid="ignore"):
                 second = np.where(sv > 0, (mbar / c1) * (nu_l / c2) / (2 * sv * (sv + e) ** 2), 0.0)
             du = (mu_l / c1) / (sv + e) - second
-            if rule.name == "adamw" and weight_decay:
-                du = du + weight_decay * dlin
+            if lin.decay == "decoupled" and wd:
+                du = du + wd * dlin
             dlin = dlin - lr_t * du
         else:
-            dlin = dlin - lr_t * (gam + weight_decay * dlin)
-        arrays, state = rule.step(t, arrays, [*res.dA, res.dW], state)
+            dlin = dlin - lr_t * (gam + wd * dlin)
+        arrays, state = step(t, arrays, [*res.dA, res.dW], state)
     return SymmetryRun(np.array(rec["step"]), np.array(rec["lr"]), np.array(rec["loss"]), np.array(rec["delta"]),
                        np.array(rec["delta_lin"]), np.array(rec["cos"]), np.array(rec["err"]), np.array(spec["step"]),
                        np.array(spec["lmin"]), np.array(spec["lmax"]), np.array(spec["plmin"]),
                        np.array(spec["pref"]), np.array(rec["pref"]), CatFormerParams(arrays[:-1], arrays[-1]),
-                       rule.name)
+                       str(getattr(rule, "name", "custom")))
+
+
+def _linearised_rule(optimizer, lr, lr_schedule, steps, weight_decay):
+    """``(rule, its Linearisation)`` of :func:`follow_symmetric_start`: a name is the
+    :class:`popgrad.train.optim.Optimizer` of these settings; an object (an ``Optimizer`` or any rule with
+    ``init``/``update``) carries its own schedule and decay. A rule without a linearisation is refused."""
+    if isinstance(optimizer, str):
+        rule = Optimizer(optimizer, lr, lr_schedule, steps, weight_decay)
+    elif isinstance(optimizer, GradientTransformationLike):
+        if (lr, lr_schedule, weight_decay) != (1.0, "constant", 0.0):
+            raise ValueError("lr, lr_schedule and weight_decay go with an optimizer name; an optimizer object carries "
+                             "its own: leave them at their defaults")
+        rule = optimizer
+    else:
+        raise ArgumentTypeError(f"optimizer must be a name or an object with init and update methods, "
+                                f"got {type(optimizer).__name__}")
+    lin = linearisation_of(rule)
+    if lin is None:
+        name = getattr(rule, "name", type(rule).__name__)
+        raise ValueError(f"optimizer {name!r} carries no linearisation (popgrad.train.optim.Linearisation): the "
+                         "study cannot linearise its step; give the rule one (linearisation=...) or use gd, sgd, "
+                         "adam or adamw")
+    return rule, lin
+
+
+def _transform_step(rule):
+    """``step(t, params, grads, state)`` of any ``init``/``update`` rule (optax semantics, as the trainers)."""
+    def step(t, params, grads, state):
+        updates, state = rule.update(grads, state, params)
+        return apply_updates(params, updates), state
+
+    return step
 
 
 # ============================================================ read-outs

@@ -188,6 +188,9 @@ def clear_caches() -> None:
     _table.clear_tables()
     _symmetry._CLOSED.clear()
     _catformer_symmetry.clear_orbit_tables()
+    tangent = sys.modules.get(__package__ + ".tangent")
+    if tangent is not None:  # the enumeration rows the Hessian-vector kernels keep
+        tangent.clear_rows()
     dist = sys.modules.get(__package__ + ".distributed")
     if dist is not None:  # the worker-side caches of this process (a worker, or a threads-only cluster)
         dist.clear_worker_caches()

@@ -18,7 +18,13 @@ arithmetic, ``x + i ẋ h`` is exactly a dual number whose product
 only by the ``h²`` term: this *is* forward-over-reverse, in complex arithmetic.
 
 Cost: one complex gradient (about 3–4 real ones) per product, vectorised NumPy
-over enumeration chunks (not a numba kernel; DESIGN §22 gives the figures).
+over enumeration chunks. It is the **reference**: the public products run the tangent
+kernels of :mod:`popgrad.engine.tangent` (the same forward-over-reverse in real arithmetic, in numba)
+unless ``method="complex_step"``; DESIGN §22 gives the figures.
+
+Scale: both methods run on the direction scaled to ``max |v| ≈ 1`` by a power of two and multiply the
+product back (exact: ``H v`` is linear in ``v``), so the step ``h`` never underflows (before, a direction
+with ``max |v|`` near 1e305 gave 0); a product beyond float64 is ``inf`` with a ``RuntimeWarning``.
 ``client=`` splits the chunks over a Dask client's workers; the chunk partial
 sums are added in chunk order, so the result is bit-identical to ``client=None``.
 
@@ -40,8 +46,8 @@ import numpy as np
 
 from .._validation import ArgumentTypeError, as_eps
 from ..model.catformer import CatFormerParams, check_task_model
-from ..task.tasks import decode_sequences
 from ._args import validate
+from .hvp_chunks import _fill, _map, _ranges  # noqa: F401  (their old import path)
 
 __all__ = [
     "catformer_hvp", "hvp", "catformer_rows_hvp", "catformer_grad_complex", "reduced_grad_complex",
@@ -149,25 +155,6 @@ def _catformer_chunk(model, A, W, seqs, w, eps):
     return loss, dA, dW
 
 
-def _fill(task, start, stop):
-    """Sequences ``start … stop-1`` (the task's numbering) with their exact weights.
-
-    A continuous prior (:class:`popgrad.DirichletPrior`, :class:`popgrad.DirichletTensorPrior`) has no atoms: its
-    weights are the task's weight table (DESIGN §20), read by rows; a finite prior's are summed over its atoms.
-    """
-    if task.continuous:
-        return decode_sequences(start, stop, task.S, task.T), np.asarray(task.weight_rows(start, stop))
-    n = stop - start
-    seqs = np.empty((n, task.T), dtype=np.int64)
-    w = np.empty((n, task.S), dtype=np.float64)
-    task._fill_chunk(start, task.kernel_arrays(), seqs, w)
-    return seqs, w
-
-
-def _ranges(n_total, chunk):
-    return [(a, min(a + chunk, n_total)) for a in range(0, n_total, chunk)]
-
-
 def _catformer_range(task, model, A, W, eps, start, stop):
     seqs, w = _fill(task, start, stop)
     return _catformer_chunk(model, A, W, seqs, w, eps)
@@ -187,15 +174,6 @@ def _sum_parts(parts):
                 a += b
             dW += dW_c
     return loss, dA, dW
-
-
-def _map(client, fn, args, ranges):
-    if client is None:
-        return [fn(*args, a, b) for a, b in ranges]
-    if not (hasattr(client, "submit") and hasattr(client, "gather")):
-        raise ArgumentTypeError(f"client must be a dask.distributed.Client, got {type(client).__name__}")
-    futs = [client.submit(fn, *args, a, b, pure=False) for a, b in ranges]
-    return client.gather(futs)
 
 
 def catformer_grad_complex(task, model, params, eps=0.0, client=None, chunk=None):
@@ -300,6 +278,54 @@ def _step(v_flat):
     return STEP / m if m > 0 else 0.0
 
 
+#: The ways to compute a product: the tangent kernel (the default) and the complex step (the reference).
+METHODS = ("tangent", "complex_step")
+
+
+def _method(method):
+    if method is None:
+        return "tangent"
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS} (default 'tangent'), got {method!r}")
+    return method
+
+
+def _unit(vf):
+    """``(m, vf / m)`` with ``m`` the power of two at or below ``max |v|`` (exact scaling; 0 for ``v = 0``).
+
+    ``H v`` is linear in ``v``: the products run on the unit-scale direction and are multiplied by ``m``
+    after, bit for bit the unscaled product wherever that has no overflow or underflow, so no scale of
+    ``v`` reaches the complex step's ``1e-20/max|v|`` underflow or an overflow inside the kernels.
+    """
+    m = float(np.max(np.abs(vf))) if vf.size else 0.0
+    if m == 0.0:
+        return 0.0, vf
+    if not math.isfinite(m):
+        raise ValueError("v must be finite")
+    e = math.frexp(m)[1]  # m = f·2^e, 0.5 <= f < 1
+    scale = math.ldexp(1.0, e - 1)  # 1 <= max |v| / scale < 2 (2^e itself overflows near 1.8e308)
+    return scale, vf / scale
+
+
+def _warn_overflow(where, arrays):
+    bad = sum(int(np.size(a) - np.count_nonzero(np.isfinite(a))) for a in arrays)
+    if bad:
+        import warnings
+
+        from .._validation import _outside_level
+
+        warnings.warn(f"{where}: {bad:,} entries of H v overflow float64 (the product of a direction this large "
+                      "and the Hessian exceeds 1.8e308); scale the direction down", RuntimeWarning,
+                      stacklevel=_outside_level())
+
+
+def _scaled(out, scale, where):
+    with np.errstate(over="ignore"):
+        res = CatFormerParams([a * scale for a in out.A], out.W * scale)
+    _warn_overflow(where, [*res.A, res.W])
+    return res
+
+
 def _cat_validate(task, model, params, eps):
     check_task_model(task, model, None)  # the task, the model and their sizes
     params = model.check_params(params)
@@ -318,7 +344,7 @@ def _cat_direction(model, v):
         raise type(exc)(f"v: {exc} (v must have the structure of params: CatFormerParams(A, W))") from None
 
 
-def catformer_hvp(task, model, params, v, eps=None, client=None) -> CatFormerParams:
+def catformer_hvp(task, model, params, v, eps=None, client=None, method=None) -> CatFormerParams:
     """Exact Hessian-vector product ``H v`` of the CatFormer's population loss (DESIGN §22).
 
     Parameters
@@ -335,6 +361,11 @@ def catformer_hvp(task, model, params, v, eps=None, client=None) -> CatFormerPar
         As in :func:`popgrad.catformer_loss_and_grad` (default 0 for the softmax readout).
     client : dask.distributed.Client, optional
         Split the enumeration's chunks over its workers (bit-identical to ``None``).
+    method : {"tangent", "complex_step"}, optional
+        ``"tangent"`` (the default): the forward-over-reverse numba kernel (:mod:`popgrad.engine.tangent`);
+        ``"complex_step"``: the NumPy complex step of this module, the reference. Both run on ``v`` scaled
+        to ``max |v| ≈ 1`` by a power of two (exact), so no scale of ``v`` underflows; a product too
+        large for float64 is ``inf`` with a warning.
 
     Returns
     -------
@@ -343,10 +374,25 @@ def catformer_hvp(task, model, params, v, eps=None, client=None) -> CatFormerPar
     """
     params, eps = _cat_validate(task, model, params, eps)
     v = _cat_direction(model, v)
-    return _catformer_hvp_flat(task, model, params, flatten_params(v), eps, client)
+    return _catformer_hvp_flat(task, model, params, flatten_params(v), eps, client, _method(method))
 
 
-def _catformer_hvp_flat(task, model, params, vf, eps, client=None) -> CatFormerParams:
+def _catformer_hvp_flat(task, model, params, vf, eps, client=None, method=None) -> CatFormerParams:
+    """``H v`` (flat ``v``) by ``method`` (None: the tangent kernel); validated arguments."""
+    vf = np.asarray(vf, dtype=np.float64)
+    scale, vf = _unit(vf)
+    if scale == 0.0:
+        return unflatten_params(model, np.zeros_like(vf))
+    if _method(method) == "tangent":
+        from .tangent import catformer_hvp_tangent
+
+        out = catformer_hvp_tangent(task, model, params, unflatten_params(model, vf), eps, client)
+    else:
+        out = _catformer_hvp_complex(task, model, params, vf, eps, client)
+    return _scaled(out, scale, "catformer_hvp")
+
+
+def _catformer_hvp_complex(task, model, params, vf, eps, client=None) -> CatFormerParams:
     h = _step(vf)
     if h == 0.0:
         return unflatten_params(model, np.zeros_like(vf))
@@ -356,7 +402,7 @@ def _catformer_hvp_flat(task, model, params, vf, eps, client=None) -> CatFormerP
     return CatFormerParams([np.ascontiguousarray(a.imag / h) for a in dA], np.ascontiguousarray(dW.imag / h))
 
 
-def catformer_rows_hvp(seqs, w, model, params, v, eps=None) -> CatFormerParams:
+def catformer_rows_hvp(seqs, w, model, params, v, eps=None, method=None) -> CatFormerParams:
     """Exact Hessian-vector product of the CatFormer's loss on given rows (the sampled step's Hessian).
 
     The loss is :func:`popgrad.engine.catformer.catformer_rows_loss_and_grad`'s,
@@ -375,6 +421,8 @@ def catformer_rows_hvp(seqs, w, model, params, v, eps=None) -> CatFormerParams:
         The point and the direction.
     eps : float, optional
         As in :func:`popgrad.engine.catformer.catformer_rows_loss_and_grad` (default 0 for the softmax readout).
+    method : {"tangent", "complex_step"}, optional
+        As in :func:`catformer_hvp` (default: the tangent kernel, the rows in the given order).
 
     Returns
     -------
@@ -385,10 +433,25 @@ def catformer_rows_hvp(seqs, w, model, params, v, eps=None) -> CatFormerParams:
 
     seqs, w, params, eps, _ = _validate_rows(seqs, w, model, params, eps, None)
     v = _cat_direction(model, v)
-    return _rows_hvp_flat(seqs, w, model, params, flatten_params(v), eps)
+    return _rows_hvp_flat(seqs, w, model, params, flatten_params(v), eps, _method(method))
 
 
-def _rows_hvp_flat(seqs, w, model, params, vf, eps) -> CatFormerParams:
+def _rows_hvp_flat(seqs, w, model, params, vf, eps, method=None) -> CatFormerParams:
+    """``H v`` of the rows' loss (flat ``v``) by ``method`` (None: the tangent kernel); validated arguments."""
+    vf = np.asarray(vf, dtype=np.float64)
+    scale, vf = _unit(vf)
+    if scale == 0.0 or np.shape(seqs)[0] == 0:
+        return unflatten_params(model, np.zeros_like(vf))
+    if _method(method) == "tangent":
+        from .tangent import rows_hvp
+
+        out = rows_hvp(seqs, w, model, params, unflatten_params(model, vf), eps)
+    else:
+        out = _rows_hvp_complex(seqs, w, model, params, vf, eps)
+    return _scaled(out, scale, "catformer_rows_hvp")
+
+
+def _rows_hvp_complex(seqs, w, model, params, vf, eps) -> CatFormerParams:
     h = _step(vf)
     if h == 0.0:
         return unflatten_params(model, np.zeros_like(vf))
@@ -401,7 +464,7 @@ def _rows_hvp_flat(seqs, w, model, params, vf, eps) -> CatFormerParams:
     return CatFormerParams([np.ascontiguousarray(a.imag / h) for a in dA], np.ascontiguousarray(dW.imag / h))
 
 
-def hvp(task, A1, A2, v, eps=None, client=None):
+def hvp(task, A1, A2, v, eps=None, client=None, method=None):
     """Exact Hessian-vector product of the reduced model's population loss (DESIGN §22).
 
     Parameters
@@ -417,6 +480,8 @@ def hvp(task, A1, A2, v, eps=None, client=None):
         Loss perturbation (default ``T_eff**-0.5``, as :func:`popgrad.exact_loss_and_grad`).
     client : dask.distributed.Client, optional
         Split the chunks over its workers (bit-identical to ``None``).
+    method : {"tangent", "complex_step"}, optional
+        As in :func:`catformer_hvp` (default: the tangent kernel).
 
     Returns
     -------
@@ -425,6 +490,7 @@ def hvp(task, A1, A2, v, eps=None, client=None):
     """
     A1, A2, eps = validate(task, A1, A2, eps)
     task.check_size()
+    method = _method(method)
     if not (isinstance(v, (tuple, list)) and len(v) == 2):
         raise ArgumentTypeError("v must be a pair (V1, V2) shaped like (A1, A2)")
     try:
@@ -438,10 +504,29 @@ def hvp(task, A1, A2, v, eps=None, client=None):
     V1, V2 = V1.reshape(A1.shape), V2.reshape(A2.shape)
     if not (np.all(np.isfinite(V1)) and np.all(np.isfinite(V2))):
         raise ValueError("v must be finite")
-    return _reduced_hvp(task, A1, A2, V1, V2, eps, client)
+    return _reduced_hvp(task, A1, A2, V1, V2, eps, client, method)
 
 
-def _reduced_hvp(task, A1, A2, V1, V2, eps, client=None):
+def _reduced_hvp(task, A1, A2, V1, V2, eps, client=None, method=None):
+    """``(HA1, HA2)`` along ``(V1, V2)`` by ``method`` (None: the tangent kernel); validated arguments."""
+    V1, V2 = np.asarray(V1, dtype=np.float64), np.asarray(V2, dtype=np.float64)
+    scale, _ = _unit(np.concatenate([V1.ravel(), V2.ravel()]))
+    if scale == 0.0:
+        return np.zeros_like(A1), np.zeros_like(A2)
+    V1, V2 = V1 / scale, V2 / scale
+    if _method(method) == "tangent":
+        from .tangent import reduced_hvp_tangent
+
+        h1, h2 = reduced_hvp_tangent(task, A1, A2, V1, V2, eps, client)
+    else:
+        h1, h2 = _reduced_hvp_complex(task, A1, A2, V1, V2, eps, client)
+    with np.errstate(over="ignore"):
+        h1, h2 = h1 * scale, h2 * scale
+    _warn_overflow("hvp", [h1, h2])
+    return h1, h2
+
+
+def _reduced_hvp_complex(task, A1, A2, V1, V2, eps, client=None):
     h = _step(np.concatenate([V1.ravel(), V2.ravel()]))
     if h == 0.0:
         return np.zeros_like(A1), np.zeros_like(A2)

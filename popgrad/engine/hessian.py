@@ -22,7 +22,7 @@ import numpy as np
 from .._validation import ArgumentTypeError, as_int
 from ..model.catformer import CatFormer
 from ._args import validate
-from .complex_step import _cat_validate, _catformer_hvp_flat, _reduced_hvp, flatten_params
+from .complex_step import _cat_validate, _catformer_hvp_flat, _method, _reduced_hvp, flatten_params
 
 __all__ = [
     "head_swap", "subspace_basis", "basis_embed", "basis_project", "HessianSpectrum", "hessian_spectrum",
@@ -162,7 +162,7 @@ _WHICH = ("both", "smallest", "largest")
 
 
 def hessian_spectrum(task, model, params, k=6, which="both", subspace=None, *, layer=0, heads=(0, 1),
-                     eps=None, tol=0.0, client=None) -> HessianSpectrum:
+                     eps=None, tol=0.0, client=None, method=None) -> HessianSpectrum:
     """Extreme eigenpairs of the population-loss Hessian by Lanczos (``scipy.sparse.linalg.eigsh``).
 
     Parameters
@@ -186,7 +186,9 @@ def hessian_spectrum(task, model, params, k=6, which="both", subspace=None, *, l
     eps, client
         As in :func:`catformer_hvp` / :func:`hvp`.
     tol : float
-        ``eigsh`` tolerance (0: machine precision).
+        ``eigsh`` tolerance: a finite real ``≥ 0`` (0: machine precision).
+    method : {"tangent", "complex_step"}, optional
+        The products: the tangent kernel (default) or the complex-step reference (:func:`catformer_hvp`).
 
     Returns
     -------
@@ -194,7 +196,13 @@ def hessian_spectrum(task, model, params, k=6, which="both", subspace=None, *, l
     """
     from scipy.sparse.linalg import LinearOperator, eigsh
 
-    if isinstance(model, str):
+    tol = _tol(tol)
+    method = _method(method)
+    if not isinstance(model, (str, CatFormer)) and hasattr(model, "param_shapes"):  # any popgrad.Model (DESIGN §26)
+        from .front import hessian_operator
+
+        n, matvec_full, perm_fn = hessian_operator(task, model, params, eps, client, heads, method, _reduced_swap)
+    elif isinstance(model, str):
         if model != "reduced":
             raise ValueError(f"model must be a popgrad.CatFormer or 'reduced', got {model!r}")
         if not (isinstance(params, (tuple, list)) and len(params) == 2):
@@ -205,7 +213,8 @@ def hessian_spectrum(task, model, params, k=6, which="both", subspace=None, *, l
         shapes = (A1.shape, A2.shape)
 
         def matvec_full(x):
-            h1, h2 = _reduced_hvp(task, A1, A2, x[:n1].reshape(shapes[0]), x[n1:].reshape(shapes[1]), eps_, client)
+            h1, h2 = _reduced_hvp(task, A1, A2, x[:n1].reshape(shapes[0]), x[n1:].reshape(shapes[1]), eps_, client,
+                                  method)
             return np.concatenate([h1.ravel(), h2.ravel()])
 
         n = n1 + A2.size
@@ -215,7 +224,7 @@ def hessian_spectrum(task, model, params, k=6, which="both", subspace=None, *, l
         n = flatten_params(p).size
 
         def matvec_full(x):
-            return flatten_params(_catformer_hvp_flat(task, model, p, np.asarray(x, float), eps_, client))
+            return flatten_params(_catformer_hvp_flat(task, model, p, np.asarray(x, float), eps_, client, method))
 
         perm_fn = lambda: head_swap(model, layer, heads)  # noqa: E731
     k = as_int(k, "k", minimum=1)
@@ -263,6 +272,16 @@ def hessian_spectrum(task, model, params, k=6, which="both", subspace=None, *, l
         vals, vecs = vals[order], vecs[:, order]
     full = np.stack([embed(vecs[:, j]) for j in range(vecs.shape[1])], axis=1) if vecs.size else np.zeros((n, 0))
     return HessianSpectrum(np.asarray(vals), full, subspace, int(dim), int(count[0]))
+
+
+def _tol(tol):
+    """The ``eigsh`` tolerance: a finite real ``≥ 0`` (bool, strings, NaN and inf refused in one line)."""
+    if isinstance(tol, (bool, np.bool_)) or not isinstance(tol, (int, float, np.integer, np.floating)):
+        raise ArgumentTypeError(f"tol must be a finite real number >= 0 (0: machine precision), got {tol!r}")
+    tol = float(tol)
+    if not (math.isfinite(tol) and tol >= 0.0):
+        raise ValueError(f"tol must be a finite real number >= 0 (0: machine precision), got {tol!r}")
+    return tol
 
 
 def _select(m, k, which):

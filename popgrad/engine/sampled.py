@@ -217,18 +217,25 @@ def sampled_reference_losses(objective: SampledObjective, A1, A2) -> dict:
 
 
 def quantile_interval(values, q: float, level: float = 0.95) -> dict:
-    """The ``q``-quantile of an i.i.d. sample with a distribution-free confidence interval.
+    """The ``q``-quantile of an i.i.d. sample with its exact distribution-free confidence interval.
 
-    Order statistics ``x_(l) ≤ x_(u)`` with ``l, u`` from the normal
-    approximation of ``Binomial(n, q)`` (``z = 1.96`` for 95 %): the true
-    quantile lies in ``[x_(l), x_(u)]`` with probability ≈ ``level``.
+    The number ``B`` of sample points below the true quantile is ``Binomial(n, q)`` (a continuous
+    distribution), and ``x_(l) ≤ ξ_q ≤ x_(u)`` (1-based order statistics) exactly when ``l ≤ B ≤ u - 1``.
+    ``l`` is the largest with ``P(B < l) ≤ (1 - level)/2`` and ``u`` the smallest with ``P(B ≥ u) ≤
+    (1 - level)/2`` (``scipy.stats.binom.ppf``), so the coverage is at least ``level`` at every ``n``. When
+    the sample is too small for an end (``l = 0``, or ``u > n``: e.g. ``n = 100``, ``q = 0.99``, where the
+    normal approximation's interval, clipped to the sample's maximum, covered 62 %), that end is
+    ``∓inf``: the sample does not bound the quantile on that side.
     """
+    from scipy.stats import binom
+
     x = np.sort(np.asarray(values, dtype=np.float64))
     n = x.size
-    z = {0.9: 1.6449, 0.95: 1.96, 0.99: 2.5758}.get(level, 1.96)
-    half = z * math.sqrt(n * q * (1 - q))
-    lo = int(max(0, math.floor(n * q - half) - 1))
-    hi = int(min(n - 1, math.ceil(n * q + half)))
+    tail = (1.0 - level) / 2.0
+    lo = int(binom.ppf(tail, n, q))  # l: P(B < l) = cdf(l - 1) < tail
+    hi = int(binom.ppf(1.0 - tail, n, q)) + 1  # u: P(B >= u) = 1 - cdf(u - 1) <= tail
+    ci_low = float(x[lo - 1]) if lo >= 1 else -math.inf
+    ci_high = float(x[hi - 1]) if hi <= n else math.inf
     k = int(min(n - 1, max(0, math.ceil(n * q) - 1)))
-    return {"value": float(x[k]), "ci_low": float(x[lo]), "ci_high": float(x[hi]), "level": level, "n": int(n),
+    return {"value": float(x[k]), "ci_low": ci_low, "ci_high": ci_high, "level": level, "n": int(n),
             "kind": "sampled"}

@@ -28,6 +28,7 @@ the same function on every sequence (``h^(ℓ) = Φ_ℓ h̃^(ℓ)``, DESIGN §18
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -58,6 +59,35 @@ class CatFormerParams(NamedTuple):
 
     A: list
     W: np.ndarray
+
+    # -- usable as the mapping of :class:`popgrad.Model`: names ``A_1 … A_L``, ``W`` (tuple behaviour unchanged)
+    def keys(self) -> tuple:
+        """The parameter names ``("A_1", …, "A_L", "W")`` (:meth:`CatFormer.param_shapes`)."""
+        return tuple(f"A_{i + 1}" for i in range(len(self.A))) + ("W",)
+
+    def items(self) -> list:
+        """``[(name, array), …]`` in the order of :meth:`keys`."""
+        return [(k, self[k]) for k in self.keys()]
+
+    def values(self) -> list:
+        """The arrays in the order of :meth:`keys`."""
+        return [*self.A, self.W]
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            if key == "W":
+                return self.W
+            if key.startswith("A_") and key[2:].isdigit() and 1 <= int(key[2:]) <= len(self.A):
+                return self.A[int(key[2:]) - 1]
+            raise KeyError(key)
+        return tuple.__getitem__(self, key)
+
+    @classmethod
+    def from_mapping(cls, params) -> "CatFormerParams":
+        """The parameters of a mapping ``{"A_1": …, …, "A_L": …, "W": …}`` (as :class:`popgrad.Model` passes
+        them)."""
+        L = sum(1 for k in params if k != "W")
+        return cls([params[f"A_{i + 1}"] for i in range(L)], params["W"])
 
 
 #: Copies of the parameters a training holds at once (parameters, gradient, optimizer state, workspace).
@@ -213,6 +243,10 @@ class CatFormer:
         ValueError
             On a wrong number of layers, a wrong shape or a non-finite entry (the message names it).
         """
+        if isinstance(params, Mapping) and not isinstance(params, tuple):  # the popgrad.Model mapping
+            from .protocol import check_params as _check_mapping
+
+            params = CatFormerParams.from_mapping(_check_mapping(self, params))
         if not (isinstance(params, tuple) and len(params) == 2):
             raise ArgumentTypeError(f"params must be a popgrad.CatFormerParams(A, W) (model.zeros() or "
                                     f"model.init(scale, seed)), got {type(params).__name__}")
@@ -243,6 +277,45 @@ class CatFormer:
         params = self.check_params(params)
         seqs = as_seqs(seqs, self._T, self._S)
         return catformer_forward(self, params, seqs)[0]
+
+    # ------------------------------------------------------ the popgrad.Model protocol (DESIGN §26)
+    #: The NumPy backward takes max/abs of real values only where it is real: not complex-safe (the full
+    #: model has its own complex-step product, :func:`popgrad.catformer_hvp`).
+    complex_safe = False
+
+    def param_shapes(self) -> dict:
+        """``{"A_1": (m_1, d_0, d_0), …, "A_L": (m_L, d_{L-1}, d_{L-1}), "W": (d_L, S)}``."""
+        a_shapes, w_shape = self.shapes()
+        return {**{f"A_{i + 1}": s for i, s in enumerate(a_shapes)}, "W": w_shape}
+
+    def default_eps(self, task) -> float:
+        """``0`` for the softmax readout (cross entropy), ``task.default_eps`` for the linear one."""
+        return 0.0 if self._readout == "softmax" else float(task.default_eps)
+
+    def loss_and_grad_rows(self, params, seqs, w, eps):
+        """``(loss, grads)`` of ``-Σ_n Σ_c w[n, c] log(f[n, c] + ε)`` on given rows (:func:`catformer_backward`),
+        ``grads`` under the names of :meth:`param_shapes`."""
+        params = self.check_params(params)
+        seqs = as_seqs(seqs, self._T, self._S)
+        loss, dA, dW = catformer_backward(self, params, seqs, np.asarray(w, dtype=np.float64), float(eps))
+        return loss, {**{f"A_{i + 1}": a for i, a in enumerate(dA)}, "W": dW}
+
+    def layer1_attention(self, params, seqs) -> np.ndarray:
+        """``(n, m_1, T, T)``: the layer-1 attention ``softmax_rows(MASK(x̃ Ã^(1)_h x̃ᵀ))`` of every sequence."""
+        params = self.check_params(params)
+        seqs = as_seqs(seqs, self._T, self._S)
+        h = embed(self._S, self._T, seqs)
+        A = params.A[0]
+        return np.stack([_attention(h, A[k]) for k in range(A.shape[0])], axis=1)
+
+    def query_attention(self, params, seqs) -> np.ndarray:
+        """``(n, m_2, T)``: the query row of the layer-2 attention of every sequence (``(n, 0, T)`` with one
+        layer), the optional member of the protocol the induction-head check reads."""
+        params = self.check_params(params)
+        seqs = as_seqs(seqs, self._T, self._S)
+        if self.n_layers < 2:
+            return np.zeros((seqs.shape[0], 0, self._T))
+        return catformer_forward(self, params, seqs)[3][1][:, :, self._T - 1, :]
 
 
 def check_task_model(task, model, params):

@@ -1,6 +1,7 @@
 """Step 1 of the data flow: what is learned (DESIGN §1, §2, §9).
 
 * :mod:`.graphs` -- single-parent causal graphs (:class:`CausalGraph`, ``chain``, ``icl_pairs``, ``random_tree``);
+* :mod:`.official` -- the official experiments' graphs as data (:func:`official_dags`);
 * :mod:`.multigraphs` -- k-parent graphs (:class:`MultiParentGraph`, ``ngram``, ``two_parent``, ...);
 * :mod:`.priors` -- finite priors over transition matrices (:class:`FinitePrior`, ``dirichlet_prior``);
 * :mod:`.stationary` -- stationary distributions (GTH);
@@ -17,6 +18,7 @@
 """
 from .dirichlet import DirichletPrior, DirichletTensorPrior, WeightAccuracy
 from .graphs import CausalGraph, Tree, chain, icl_pairs, official_random_tree, random_tree
+from .official import official_dags
 from .multigraphs import MultiParentGraph, ngram, random_multi_parent, two_parent
 from .priors import (
     FinitePrior,
@@ -42,7 +44,7 @@ from .tasks import (
 )
 
 __all__ = [
-    "CausalGraph", "Tree", "chain", "icl_pairs", "random_tree", "official_random_tree",
+    "CausalGraph", "Tree", "chain", "icl_pairs", "random_tree", "official_random_tree", "official_dags",
     "DirichletPrior", "DirichletTensorPrior", "WeightAccuracy",
     "MultiParentGraph", "ngram", "two_parent", "random_multi_parent",
     "FinitePrior", "PriorDiagnostics", "dirichlet_prior", "relabel", "relabel_closure", "stationary_distribution",

@@ -361,6 +361,12 @@ def dirichlet_prior(
 ) -> FinitePrior:
     """A finite prior of row-wise Dirichlet(α) transition matrices.
 
+    The defaults (``floor=0``, ``uniform_mean=False``) are the raw draws, as in the paper's
+    experiments; they sit outside the main theorem's assumptions (Knowl 10.1 fails for a small
+    ``alpha``, Knowl 10.3's uniform mean fails), so the checks that need them report
+    ``"inconclusive"`` and say which. ``popgrad run`` uses ``floor=0.15, uniform_mean=True`` (its
+    ``--floor`` and ``--uniform-mean``), a prior inside them; pass the same here to check the theorems.
+
     Parameters
     ----------
     S : int

@@ -20,7 +20,8 @@ labels ``y = π(·|s_T)`` from ``task.sample`` with seed
 follows the gradient of the batch mean of ``−Σ_c y_c log f_c``
 (:func:`batch_loss_and_grad`, the engine's dense batch kernel); at a recorded step the
 loss is that batch's estimate with its standard error (``loss_se``), which the
-divergence rule reads with its standard error (:mod:`popgrad.train.loop`);
+divergence rule reads with its standard error (:mod:`popgrad.train.loop`; a batch
+of one sequence has no standard error, so its noise is never read as divergence);
 between records only a non-finite batch loss is read.
 
 The loop is the one every trainer shares (:func:`popgrad.train.loop.run_schedule`)
@@ -55,7 +56,7 @@ from .loop import StepValues, run_schedule, start_state
 from .catformer_config import CATFORMER_GRADIENTS, CatFormerTrainConfig, _optimizer_name, _RULE_SETTINGS
 from .catformer_config import DEFAULT_BATCH_SIZE  # noqa: F401  (old import path)
 from .optim import apply_updates, flatten_state, unflatten_state
-from .trajectory import Monotonicity, _as_path, _open_npz
+from .trajectory import Monotonicity, _as_path, _open_npz, summary_line, summary_tail
 
 __all__ = ["CatFormerTrainConfig", "CatFormerTrajectory", "CatFormerScheme", "train_catformer", "initial_params",
            "batch_loss_and_grad", "CATFORMER_GRADIENTS"]
@@ -114,6 +115,15 @@ class CatFormerTrajectory:
     def __post_init__(self):
         if self.loss_se is None:
             object.__setattr__(self, "loss_se", np.full(np.shape(self.loss), np.nan))
+
+    def __repr__(self) -> str:
+        """One line: model sizes, optimizer, recorded steps, status, first and last loss (no arrays)."""
+        c = self.config
+        return summary_line(self, f"S={c.S}, T={c.T}, heads={tuple(c.heads)}, {c.optimizer if isinstance(c.optimizer, str) else 'custom optimizer'}, {c.gradient}")
+
+    def __str__(self) -> str:
+        """:meth:`__repr__`, the loss curve's shape and the stop message."""
+        return "\n".join([repr(self)] + summary_tail(self))
 
     @property
     def model(self) -> CatFormer:
@@ -529,7 +539,7 @@ def train_catformer(task, model: CatFormer, steps: int, config: CatFormerTrainCo
             grads = dict(zip(scheme.names, (*dA, dW)))
             if record:  # the batch estimate with its standard error (what the divergence rule reads)
                 est = estimate(losses)
-                return StepValues(est.value, grads, True, est.se)
+                return StepValues(est.value, grads, True, est.se, sampled=True)  # SE NaN for a batch of 1
             # between records only a non-finite batch loss is read (it stops the run)
             return StepValues(loss, grads, True) if not math.isfinite(loss) else StepValues(math.nan, grads, False)
 

@@ -22,7 +22,9 @@ becomes non-finite, when the loss stays above the loss at the start of its
 stage for ``divergence_patience`` steps in a row, or when a stage ends above
 its start. "Above" means by more than rounding (:data:`ABOVE_RTOL`) for an
 exact loss, and by more than :data:`Z_NOISE` standard errors for a sampled
-estimate (so sampling noise alone never stops a run). A loss that rises above
+estimate (so sampling noise alone never stops a run); a sampled estimate without
+a standard error (a batch of one sequence) is never "above": its noise is unknown, so
+only a non-finite loss or parameter stops such a run. A loss that rises above
 its best and comes back is not divergence: the run goes on, and each such
 *non-monotone episode* is counted with its height
 (:class:`popgrad.train.trajectory.Monotonicity`, on the trajectory).
@@ -124,9 +126,12 @@ class StepValues(NamedTuple):
     loss_is_exact : bool
         Whether ``loss`` was computed (exactly or as an estimate): a NaN then means divergence.
     loss_se : float
-        Standard error of a sampled ``loss`` (NaN when exact or not computed).
+        Standard error of a sampled ``loss`` (NaN when exact or not computed, or sampled from one sequence).
     extra : mapping
         Scheme-specific recorded values (the reduced model: ``"cosine"``).
+    sampled : bool
+        Whether ``loss`` is a sampled estimate: then a NaN ``loss_se`` means its noise is unknown (never
+        "above" by the divergence rule), not that it is exact.
     """
 
     loss: float
@@ -134,6 +139,7 @@ class StepValues(NamedTuple):
     loss_is_exact: bool = True
     loss_se: float = float("nan")
     extra: Mapping = {}
+    sampled: bool = False
 
 
 # ---------------------------------------------------------------- divergence
@@ -171,6 +177,8 @@ class DivergenceTracker:
 
     @staticmethod
     def _tol(ref, ref_se, se, rtol):
+        """Rounding for an exact loss; :data:`Z_NOISE` SEs of the difference for a sampled one (an SE of
+        ``inf``: a sampled loss whose noise is unknown, never above)."""
         noise = math.sqrt((0.0 if math.isnan(se) else se) ** 2 + (0.0 if math.isnan(ref_se) else ref_se) ** 2)
         return max(rtol * max(abs(ref), 1e-3), Z_NOISE * noise)
 
@@ -183,8 +191,14 @@ class DivergenceTracker:
         self.above = 0
         self.in_episode = False
 
-    def observe(self, t: int, loss: float, se: float, patience: int, hint: str) -> str:
-        """Account for the finite loss of step ``t``; the reason to stop, or ``""``."""
+    def observe(self, t: int, loss: float, se: float, patience: int, hint: str, sampled: bool = False) -> str:
+        """Account for the finite loss of step ``t``; the reason to stop, or ``""``.
+
+        ``sampled``: ``loss`` is an estimate; without a finite SE (one sequence) its noise is unknown and it is
+        kept with SE ``inf``, so no comparison with it is ever "above" (noise is not divergence).
+        """
+        if sampled and not math.isfinite(se):
+            se = math.inf
         self.last, self.last_se, self.last_step = loss, se, t
         if math.isnan(self.ref):
             self.start_stage(t, loss, se)
@@ -209,8 +223,9 @@ class DivergenceTracker:
         # divergence: above the stage's start for `patience` steps in a row
         self.above = self.above + 1 if self.is_above(loss, se, self.ref, self.ref_se) else 0
         if self.above >= patience:
-            return (f"the loss stayed above its value at the start of the stage, {self.ref:.6g} (step "
-                    f"{self.ref_step}), for {self.above} steps (step {t}, loss {loss:.6g}): {hint}")
+            ref, now = _distinct(self.ref, loss)
+            return (f"the loss stayed above its value at the start of the stage, {ref} (step "
+                    f"{self.ref_step}), for {self.above} steps (step {t}, loss {now}): {hint}")
         return ""
 
     def end_stage(self, t: int, hint: str) -> str:
@@ -218,13 +233,23 @@ class DivergenceTracker:
         if math.isnan(self.ref) or math.isnan(self.last) or self.last_step == self.ref_step:
             return ""
         if self.is_above(self.last, self.last_se, self.ref, self.ref_se):
-            return (f"the loss at the end of the stage, {self.last:.6g} (step {self.last_step}), is above its value "
-                    f"at the start, {self.ref:.6g} (step {self.ref_step}): {hint}")
+            last, ref = _distinct(self.last, self.ref)
+            return (f"the loss at the end of the stage, {last} (step {self.last_step}), is above its value "
+                    f"at the start, {ref} (step {self.ref_step}): {hint}")
         return ""
 
     def monotonicity(self) -> Monotonicity:
         return Monotonicity(self.episodes, self.max_rise, self.max_rise_rel, self.worst_step, self.steps_above_best,
                             self.large_episodes)
+
+
+def _distinct(a: float, b: float) -> tuple:
+    """``a`` and ``b`` printed with 6 significant digits, or as many more as it takes to tell them apart."""
+    for digits in range(6, 18):
+        x, y = f"{a:.{digits}g}", f"{b:.{digits}g}"
+        if x != y:
+            break
+    return x, y
 
 
 # ---------------------------------------------------------------- state and checkpoints
@@ -520,7 +545,8 @@ def run_schedule(task, scheme, state, evaluate, *, checkpoint_path, checkpoint_e
             _diverge(state, f"infinite loss at step {t} (eps = 0 and a token got zero mass?)")
             break
         else:
-            why = tracker.observe(t, float(loss), float(step.loss_se), scheme.patience, scheme.hint)
+            why = tracker.observe(t, float(loss), float(step.loss_se), scheme.patience, scheme.hint,
+                                  sampled=bool(step.sampled))
             if why:
                 _diverge(state, why)
                 break

@@ -43,6 +43,16 @@ Defaults ``b1 = 0.9``, ``b2 = 0.999``, ``eps = 1e-8`` are optax's.
 A new optimizer is one function here returning :class:`GradientTransformation`
 (or any object with ``init``/``update``; a ``name`` attribute identifies it in
 checkpoints and a ``learning_rate(t)`` method is recorded in the trajectory).
+
+**Linearisation.** The study of the symmetric start
+(:func:`popgrad.checks.symmetry_breaking.follow_symmetric_start`) carries the first-order
+expansion of a rule's step about a head-symmetric point; it reads it from the rule's
+``linearisation`` attribute, a :class:`Linearisation` (the kind of recursion, the
+learning-rate schedule, the weight decay and how it enters, Adam's constants), and
+refuses a rule whose ``linearisation`` is ``None`` or absent. :func:`sgd`, :func:`adam`,
+:func:`adamw` and every named rule (:data:`LINEARISED`) carry theirs; a rule added to
+:data:`NAMED` without an entry in :data:`LINEARISED`, a :func:`chain` and any other object
+carry none until one is given (``GradientTransformation(..., linearisation=...)``).
 """
 from __future__ import annotations
 
@@ -55,7 +65,8 @@ import numpy as np
 
 from .._validation import as_int, as_real
 
-__all__ = ["OPTIMIZERS", "NAMED", "LR_SCHEDULES", "Optimizer", "GradientTransformation", "GradientTransformationLike",
+__all__ = ["OPTIMIZERS", "NAMED", "LINEARISED", "LR_SCHEDULES", "Optimizer", "Linearisation", "linearisation_of",
+           "GradientTransformation", "GradientTransformationLike",
            "learning_rate", "constant_schedule", "cosine_decay_schedule", "sgd", "adam", "adamw", "chain",
            "add_decayed_weights", "scale_by_adam", "scale_by_learning_rate", "scale_by_schedule", "apply_updates",
            "tree_map", "flatten_state", "unflatten_state"]
@@ -146,6 +157,54 @@ def _schedule_name(s) -> str:
 
 
 # ------------------------------------------------------------------ transformations
+@dataclass(frozen=True)
+class Linearisation:
+    """What a study needs to linearise one rule's step about a head-symmetric point (module docstring).
+
+    Attributes
+    ----------
+    kind : {"gd", "adam"}
+        ``"gd"``: ``δ ← δ − η_t (H δ + wd δ)``; ``"adam"``: the first-order Adam recursion of
+        :mod:`popgrad.checks.symmetry_breaking` (moments ``μ``, ``ν``, bias correction, the ``eps`` term).
+    learning_rate : callable
+        ``t ↦ η_t`` (the rule's schedule).
+    weight_decay : float
+        ``wd ≥ 0``.
+    decay : {"coupled", "decoupled"}
+        ``"coupled"``: the rule transforms ``g + wd θ`` (sgd, adam with decay); ``"decoupled"``: ``wd θ``
+        joins the transformed update (adamw). The same for ``kind="gd"``.
+    b1, b2, eps : float
+        Adam's constants (read for ``kind="adam"`` only).
+    """
+
+    kind: str
+    learning_rate: Callable[[int], float]
+    weight_decay: float = 0.0
+    decay: str = "coupled"
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+
+    def __post_init__(self):
+        if self.kind not in ("gd", "adam"):
+            raise ValueError(f"Linearisation.kind must be 'gd' or 'adam', got {self.kind!r}")
+        if self.decay not in ("coupled", "decoupled"):
+            raise ValueError(f"Linearisation.decay must be 'coupled' or 'decoupled', got {self.decay!r}")
+        if not callable(self.learning_rate):
+            raise TypeError(f"Linearisation.learning_rate must be a schedule t -> lr_t, got "
+                            f"{type(self.learning_rate).__name__}")
+        object.__setattr__(self, "weight_decay", as_real(self.weight_decay, "weight_decay", minimum=0))
+
+
+def linearisation_of(rule):
+    """The rule's :class:`Linearisation` (its ``linearisation`` attribute), or ``None`` when it has none."""
+    lin = getattr(rule, "linearisation", None)
+    if lin is not None and not isinstance(lin, Linearisation):
+        raise TypeError(f"{getattr(rule, 'name', type(rule).__name__)}.linearisation must be a "
+                        f"popgrad.train.optim.Linearisation or None, got {type(lin).__name__}")
+    return lin
+
+
 @runtime_checkable
 class GradientTransformationLike(Protocol):
     """What ``train_catformer(optimizer=...)`` accepts besides a name: ``init`` and ``update``."""
@@ -160,13 +219,15 @@ class GradientTransformation:
     """``init(params) → state`` and ``update(grads, state, params) → (updates, state)`` (optax's pair).
 
     ``name`` identifies the rule (a checkpoint must be resumed with the same one); ``learning_rate``,
-    when given, is the schedule ``t ↦ lr_t`` the trajectory records.
+    when given, is the schedule ``t ↦ lr_t`` the trajectory records; ``linearisation``, when given, the
+    :class:`Linearisation` the symmetry study reads (``None``: the study refuses the rule).
     """
 
     init: Callable[[Any], Mapping]
     update: Callable[..., tuple]
     name: str = "custom"
     learning_rate: Callable[[int], float] | None = None
+    linearisation: Linearisation | None = None
 
 
 def _count(state) -> int:
@@ -257,14 +318,15 @@ def sgd(learning_rate) -> GradientTransformation:
     """Plain gradient descent ``θ ← θ − lr_t·g`` (``optax.sgd`` without momentum)."""
     inner = scale_by_learning_rate(learning_rate)
     return GradientTransformation(inner.init, inner.update, f"sgd({_schedule_name(inner.learning_rate)})",
-                                  inner.learning_rate)
+                                  inner.learning_rate, Linearisation("gd", inner.learning_rate))
 
 
 def adam(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> GradientTransformation:
     """``optax.adam``: ``chain(scale_by_adam(b1, b2, eps), scale_by_learning_rate(learning_rate))``."""
     inner = chain(scale_by_adam(b1, b2, eps), scale_by_learning_rate(learning_rate))
     return GradientTransformation(inner.init, inner.update, inner.name.replace("chain(", "adam(", 1),
-                                  inner.learning_rate)
+                                  inner.learning_rate,
+                                  Linearisation("adam", inner.learning_rate, 0.0, "coupled", b1, b2, eps))
 
 
 def adamw(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
@@ -273,7 +335,8 @@ def adamw(learning_rate, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
     inner = chain(scale_by_adam(b1, b2, eps), add_decayed_weights(weight_decay),
                   scale_by_learning_rate(learning_rate))
     return GradientTransformation(inner.init, inner.update, inner.name.replace("chain(", "adamw(", 1),
-                                  inner.learning_rate)
+                                  inner.learning_rate,
+                                  Linearisation("adam", inner.learning_rate, weight_decay, "decoupled", b1, b2, eps))
 
 
 # ------------------------------------------------------------------ the string form
@@ -294,6 +357,15 @@ NAMED = {
 
 #: Optimizer names (the keys of :data:`NAMED`): ``"gd"`` and ``"sgd"`` are the same rule.
 OPTIMIZERS = tuple(NAMED)
+
+#: The linearisation of each named rule: ``name → build(schedule, settings)`` (a :class:`Linearisation`).
+#: A rule of :data:`NAMED` without an entry here has none: the symmetry study refuses it.
+LINEARISED = {
+    "gd": lambda sched, o: Linearisation("gd", sched, o.weight_decay, "coupled"),
+    "sgd": lambda sched, o: Linearisation("gd", sched, o.weight_decay, "coupled"),
+    "adam": lambda sched, o: Linearisation("adam", sched, o.weight_decay, "coupled", o.b1, o.b2, o.eps),
+    "adamw": lambda sched, o: Linearisation("adam", sched, o.weight_decay, "decoupled", o.b1, o.b2, o.eps),
+}
 
 @dataclass(frozen=True)
 class Optimizer:
@@ -343,6 +415,12 @@ class Optimizer:
     @property
     def is_adam(self) -> bool:
         return self.name in ("adam", "adamw")
+
+    @property
+    def linearisation(self) -> Linearisation | None:
+        """The :class:`Linearisation` of this rule (:data:`LINEARISED`), ``None`` for a rule without one."""
+        build = LINEARISED.get(self.name)
+        return None if build is None else build(self.schedule(), self)
 
     def schedule(self) -> Callable[[int], float]:
         """The learning-rate schedule ``t ↦ lr_t``."""

@@ -126,6 +126,18 @@ class Trajectory:
     stage2_samples: int = 0
     monotonicity: Monotonicity = Monotonicity()
 
+    def __repr__(self) -> str:
+        """One line: the schedule, the recorded steps, status, first and last loss (the arrays stay in the fields)."""
+        return summary_line(self, f"{self.config.schedule}, S={self.A2.shape[-1]}, T={self.A1.shape[-1]}",
+                            "ε-loss")
+
+    def __str__(self) -> str:
+        """A short multi-line summary: :meth:`__repr__`, where Stage 1 ended, the loss curve's shape, the message."""
+        lines = [repr(self)]
+        if self.config.schedule == "two-stage" and len(self.step):
+            lines.append(f"  Stage 1 ends at record {self.stage1_end} (step {int(self.step[self.stage1_end])})")
+        return "\n".join(lines + summary_tail(self))
+
     @property
     def loss_kind(self) -> np.ndarray:
         """``"exact"``, ``"sampled"`` or ``"none"`` for each record."""
@@ -219,6 +231,36 @@ class Trajectory:
         return pd.DataFrame(cols)
 
 
+def _loss_text(traj, r: int) -> str:
+    v = float(traj.loss[r])
+    se = getattr(traj, "loss_se", None)
+    se = float(se[r]) if se is not None and len(se) > r else float("nan")
+    if not np.isfinite(v):
+        return "n/a"
+    return f"{v:.6g}" + (f" ± {se:.2g}" if np.isfinite(se) else "")
+
+
+def summary_line(traj, what: str, loss_name: str = "loss") -> str:
+    """``Trajectory(two-stage, S=3, T=10: 62 records, steps 0..600, completed; loss 1.0986 -> 0.3844)``: a
+    trajectory's repr (no arrays); the losses are nats, ``± SE`` where sampled."""
+    n = len(traj.step)
+    if not n:
+        return f"{type(traj).__name__}({what}: no records, {traj.status})"
+    ok = np.flatnonzero(np.isfinite(np.asarray(traj.loss, dtype=float)))
+    loss = (f"; {loss_name} {_loss_text(traj, int(ok[0]))} -> {_loss_text(traj, int(ok[-1]))} nats" if ok.size
+            else "; loss not computed")
+    return (f"{type(traj).__name__}({what}: {n} records, steps {int(traj.step[0])}..{int(traj.step[-1])}, "
+            f"{traj.status}{loss})")
+
+
+def summary_tail(traj) -> list:
+    """The lines :func:`summary_line` does not hold: the loss curve's shape and the stop message."""
+    lines = [f"  loss curve: {traj.monotonicity.describe()}"]
+    if traj.message:
+        lines.append(f"  message: {traj.message}")
+    return lines
+
+
 def attention_to_parent(graph, A1) -> np.ndarray:
     """``softmax(MASK(A1))[i, p(i)]`` for non-roots, NaN for roots, shape ``(T,)``."""
     P = first_layer_attention(A1)
@@ -238,6 +280,11 @@ def _open_npz(path, bad):
     """``np.load(path)`` of an ``.npz`` archive, every failure turned into ``bad(reason)``."""
     import zipfile
 
+    from .._io import regular_file_problem
+
+    kind = regular_file_problem(path)  # a FIFO would block np.load forever (a hang of --resume)
+    if kind is not None:
+        raise bad(f"it is {kind}, not a regular file" if kind != "a folder" else "it is a folder")
     try:
         z = np.load(path, allow_pickle=False)
     except FileNotFoundError:

@@ -73,14 +73,15 @@ def _help(capsys):
 
 
 def test_every_kind_implements_the_protocol_and_the_registry_decides_once():
-    assert list(KINDS) == ["reduced-single", "reduced-k-head", "catformer"]
+    assert list(KINDS) == ["reduced-single", "reduced-k-head", "catformer", "transformer"]
     for kind in KINDS.values():
         assert isinstance(kind, Kind)
         assert set(kind.check_names) and kind.defaults["out"] == "popgrad_out"
     assert kind_of({}) is KINDS["reduced-single"]
     assert kind_of({"graph": "two-parent"}) is KINDS["reduced-k-head"]
     assert kind_of({"model": "catformer", "graph": "ngram"}) is KINDS["catformer"]
-    with pytest.raises(ValueError, match="--model 'x': use reduced or catformer"):
+    assert kind_of({"model": "transformer"}) is KINDS["transformer"]
+    with pytest.raises(ValueError, match="--model 'x': use reduced or catformer or transformer"):
         kind_of({"model": "x"})
     with pytest.raises(TypeError, match="register: kind must implement"):
         register(object())

@@ -20,7 +20,7 @@ def test_default_prior_inside_the_hypotheses(tmp_path, capsys):
     report, checks, md, console = run(tmp_path, capsys, "--no-sweep")
     assert report["task"]["hypotheses_all_met"] is True
     assert report["config"]["uniform_mean"] is True and report["config"]["floor"] == 0.15
-    assert "— all met" in md and "| uniform_mean | Knowl 10.3 |" in md
+    assert "— all met" in md and "| uniform_mean | permutation symmetry and uniform mean (Knowl 10.3) |" in md
     assert checks["graph_recovery"]["status"] == "pass"
     assert checks["roots_uniform"]["status"] == "not_applicable"  # a chain
     assert "[N/A ] roots_uniform" in console

@@ -16,6 +16,11 @@ def task():
 
 
 @pytest.fixture(scope="module")
+def task8():  # the smallest chain the chance guard decides (checks/chance.py: 1/7! <= 1e-3)
+    return pg.Task(pg.chain(8), pg.dirichlet_prior(S=2, alpha=1.0, n_atoms=3, seed=0))
+
+
+@pytest.fixture(scope="module")
 def two_parent_task():
     return pg.MultiParentTask(pg.two_parent(6), pg.dirichlet_tensor_prior(S=2, k=2, alpha=1.0, n_atoms=2, seed=0,
                                                                                symmetrize="full"))
@@ -52,8 +57,9 @@ def test_population_attention_equals_weighted_forward(two_parent_task):
     assert np.all(np.triu(got, 1) == 0)
 
 
-def test_graph_recovery_and_induction_head_on_the_construction(task):
-    T, S = 5, 2
+def test_graph_recovery_and_induction_head_on_the_construction(task8):
+    task = task8
+    T, S = 8, 2
     model, params = pg.catformer_from_reduced(_parent_A1(task.graph.parents, T), 3.0 * np.eye(S), S, T)
     rec = cc.check_catformer_graph_recovery(task, model, params)
     assert rec.passed and rec.details["fraction_of_rows_with_argmax_parent"] == 1.0
@@ -68,7 +74,7 @@ def test_graph_recovery_and_induction_head_on_the_construction(task):
     _, flat = pg.catformer_from_reduced(_parent_A1(task.graph.parents, T), np.zeros((S, S)), S, T)
     assert not cc.check_induction_head(task, model, flat).passed
     # a first layer attending to the previous-but-one position misses the chain's parents
-    wrong = _parent_A1([-1, -1, 0, 1, 2], T)
+    wrong = _parent_A1([-1, -1] + list(range(T - 2)), T)
     _, p_wrong = pg.catformer_from_reduced(wrong, np.eye(S), S, T)
     bad = cc.check_catformer_graph_recovery(task, model, p_wrong)
     assert not bad.passed and bad.details["rows_with_argmax_not_parent"]

@@ -141,8 +141,8 @@ def test_k_head_checks_reject_null_models(multi_task):
 
 # ------------------------------------------------------------ full model
 @pytest.fixture(scope="module")
-def small_task():
-    return pg.Task(pg.chain(5), _prior(n_atoms=4))
+def small_task():  # T = 8: the smallest chain whose rows a random start cannot pass by chance (checks/chance.py)
+    return pg.Task(pg.chain(8), _prior(n_atoms=4))
 
 
 def _catformer_nulls(task, model):
@@ -152,7 +152,7 @@ def _catformer_nulls(task, model):
 
 @pytest.mark.parametrize("null", ["untrained", "random", "10 steps"])
 def test_full_model_checks_reject_null_models(small_task, multi_task, null):
-    model = pg.CatFormer(2, 5)
+    model = pg.CatFormer(2, 8)
     params = _catformer_nulls(small_task, model)[null]
     for r in (cc.check_catformer_graph_recovery(small_task, model, params),
               cc.check_induction_head(small_task, model, params)):
@@ -168,7 +168,7 @@ def test_full_model_checks_reject_null_models(small_task, multi_task, null):
 
 def test_full_model_construction_passes_and_stays_after_training(small_task):
     """Knowl 8's construction inside the full model passes both checks, and still does after 10 SGD steps."""
-    T, S = 5, 2
+    T, S = 8, 2
     A1 = np.zeros((T, T))
     for i, p in enumerate(small_task.graph.parents):
         if p >= 0:

@@ -165,6 +165,7 @@ def test_engine_counts_the_general_walks_time_and_switches():
     try:
         never = pg.EngineOptions(catformer_specialize_seconds=1e9)
         for call in calls:
+            call(never)  # compiled (or loaded) in this process: a first call's compile does not count
             SP.reset_counts()
             call(never)
             assert SP.spent(job.sizes, job.hinfo) > 0.0
@@ -177,6 +178,36 @@ def test_engine_counts_the_general_walks_time_and_switches():
     finally:
         if saved is not None:
             SP._MODULES[SP._layout_key(job.sizes, job.hinfo)] = saved
+
+
+def test_a_call_that_compiles_the_walk_does_not_count(monkeypatch):
+    """The first call of a general walk, which compiles it (or loads it from numba's cache), adds nothing to
+    the layout's time: a cold first gradient must not specialize because of its own compile."""
+    import types
+    import time as _time
+
+    model = pg.CatFormer(2, 3, heads=(3, 2))
+    job = _job(model, model.init(0.1, 0))
+
+    class Walk:  # a dispatcher that "compiles" (one more signature) on its first call, then just runs
+        signatures = []
+
+        def __call__(self, *args):
+            _time.sleep(0.05)
+            if not self.signatures:
+                self.signatures.append("compiled")
+            return 0.0
+
+    walk = Walk()
+    monkeypatch.setattr(SP, "walks", lambda job: types.SimpleNamespace(run_rows_serial=walk))
+    SP.reset_counts()
+    try:
+        SP.run(job, "run_rows", False)
+        assert SP.spent(job.sizes, job.hinfo) == 0.0
+        SP.run(job, "run_rows", False)
+        assert SP.spent(job.sizes, job.hinfo) >= 0.04
+    finally:
+        SP.reset_counts()
 
 
 def test_an_unusable_kernel_folder_is_one_clear_error_or_one_warning(tmp_path, monkeypatch):

@@ -249,3 +249,21 @@ def test_state_is_a_flat_mapping_of_arrays():
         O.add_decayed_weights(0.1).update({"W": np.ones(1)}, {}, None)
     with pytest.raises(TypeError, match="init and update"):
         O.chain(O.sgd(0.1), "adam")
+
+
+def test_every_named_rule_carries_its_linearisation():
+    from popgrad.train import optim as O
+
+    want = {"gd": ("gd", "coupled"), "sgd": ("gd", "coupled"), "adam": ("adam", "coupled"),
+            "adamw": ("adam", "decoupled")}
+    assert set(O.LINEARISED) == set(O.NAMED) == set(want)  # a new named rule must say how it linearises
+    for name, (kind, decay) in want.items():
+        lin = O.Optimizer(name, 0.3, "cosine", 10, 1e-3, b1=0.8).linearisation
+        assert (lin.kind, lin.decay, lin.weight_decay) == (kind, decay, 1e-3)
+        assert [lin.learning_rate(t) for t in range(11)] == [O.Optimizer(name, 0.3, "cosine", 10).learning_rate(t)
+                                                            for t in range(11)]
+        assert kind == "gd" or lin.b1 == 0.8
+    assert O.sgd(0.1).linearisation.kind == "gd" and O.adamw(0.1, weight_decay=0.2).linearisation.decay == "decoupled"
+    assert O.chain(O.add_decayed_weights(0.1), O.sgd(0.1)).linearisation is None  # a chain does not guess
+    with pytest.raises(ValueError, match="kind must be 'gd' or 'adam'"):
+        O.Linearisation("momentum", O.constant_schedule(0.1))

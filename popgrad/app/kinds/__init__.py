@@ -26,7 +26,7 @@ from typing import Generic, Protocol, TypeVar, Union, runtime_checkable
 from ...task import MultiParentTask, Task
 from ..settings import CLIError, Flag
 from ..tasks import RUN_FLAGS, TASK_FLAGS
-from . import catformer, reduced_k_head, reduced_single
+from . import catformer, reduced_k_head, reduced_single, transformer
 from ._common import KindBase, common_defaults, validated
 
 __all__ = ["Kind", "KindBase", "RunConfig", "KINDS", "register", "kind_of", "models", "flags", "model_flag",
@@ -140,7 +140,7 @@ class RunConfig(Mapping, Generic[C]):
 
 
 #: The registry: one line per kind of run (the first kind's model is the default ``--model``).
-KINDS: dict = {k.name: k for k in (reduced_single.KIND, reduced_k_head.KIND, catformer.KIND)}
+KINDS: dict = {k.name: k for k in (reduced_single.KIND, reduced_k_head.KIND, catformer.KIND, transformer.KIND)}
 
 
 def register(kind: Kind) -> Kind:

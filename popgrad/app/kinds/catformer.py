@@ -20,19 +20,22 @@ import os
 import numpy as np
 
 from ...checks import catformer as CC
-from ...checks.catformer_sampled import sampled_catformer_checks, sampled_readouts
+from ..._io import over_half_of_memory, size_text
+from ...checks.catformer_sampled import (forward_flops, readout_peak_bytes, sampled_catformer_checks,
+                                         sampled_readouts)
 from ...checks.suites import softmax_reference_losses
 from ...model.catformer import CatFormer
 from ...train.catformer import CATFORMER_GRADIENTS, CatFormerScheme, CatFormerTrainConfig, train_catformer
 from ...train.loop import load_checkpoint
 from ...train.optim import LR_SCHEDULES, OPTIMIZERS
 from .. import plots as P
-from ..report import fmt, reference_value
+from ..report import fmt, fmt_se, reference_value
 from ..settings import CLIError, Flag
 from ..tasks import MULTI_PARENT_TASK_DEFAULTS, is_multi_parent, too_large
 from ._common import KindBase, common_defaults, refuse_past_memory
 
-__all__ = ["KIND", "CATFORMER_DEFAULTS", "FLAGS", "parse_heads", "READOUT_SAMPLES", "READOUT_SEED"]
+__all__ = ["KIND", "CATFORMER_DEFAULTS", "FLAGS", "parse_heads", "READOUT_SAMPLES", "READOUT_SEED",
+           "check_readout_memory"]
 
 #: Held-out sequences of the sampled read-outs (``--gradient sampled``), and their seed (not a training seed:
 #: training batches use ``SeedSequence([sample_seed, t])``).
@@ -76,6 +79,45 @@ def check_batch_size(n, task) -> None:
     """Refuse ``--batch-size`` whose step cannot fit in memory (half of what this process may use), in one line."""
     refuse_past_memory("--batch-size", n, batch_bytes_per_sequence(task), "per step",
                        "n x (3T + 4S^2 + 4S) x 8 bytes, an upper estimate", " (default 1024)")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h" if seconds < 172800 else f"{seconds / 86400:.0f} days"
+
+
+def check_readout_memory(task, heads) -> None:
+    """Refuse, in one line, a sampled run whose read-outs on :data:`READOUT_SAMPLES` held-out sequences cannot
+    fit in memory (half of what this process may use: :func:`popgrad._io.over_half_of_memory`, the rule of
+    ``--batch-size``), before anything is trained or written (:func:`readout_peak_bytes`)."""
+    model = CatFormer(task.S, task.T, heads=heads)
+    need = readout_peak_bytes(task, model, READOUT_SAMPLES)
+    memory = over_half_of_memory(need)
+    if memory is not None:
+        raise CLIError(f"the sampled read-outs need about {size_text(need)} at S = {task.S}, T = {task.T}, heads "
+                       f"{','.join(map(str, heads))} ({READOUT_SAMPLES:,} held-out sequences and one forward pass of "
+                       f"the model, whose rows grow as T x (S + T) x 2^layers), more than half of the "
+                       f"{size_text(memory)} this process may use: use a smaller --T (or --S, fewer --heads)")
+
+
+def readout_seconds(task, heads) -> float:
+    """The read-outs' time on this machine, estimated before the run: one forward pass timed at ``T' = min(T,
+    32)`` (the same ``S`` and heads, 64 sequences), scaled by the flop ratio :func:`forward_flops` and the
+    ``2 x READOUT_SAMPLES`` forward passes the read-outs make."""
+    import time
+
+    from ...model.catformer import catformer_forward
+
+    Tp = min(task.T, 32)
+    probe = CatFormer(task.S, Tp, heads=heads)
+    params = probe.init(0.1, 0)
+    seqs = np.random.default_rng(0).integers(0, task.S, size=(64, Tp))
+    catformer_forward(probe, params, seqs[:2])
+    t0 = time.perf_counter()
+    catformer_forward(probe, params, seqs)
+    per = (time.perf_counter() - t0) / 64
+    return per * forward_flops(CatFormer(task.S, task.T, heads=heads)) / forward_flops(probe) * 2 * READOUT_SAMPLES
 
 
 def parse_heads(text) -> tuple:
@@ -176,8 +218,9 @@ class CatFormerKind(KindBase):
                 raise CLIError(f"--model catformer needs the exact population with --gradient exact (it trains "
                                f"on every sequence): {what}; use {how}, or train on sampled batches: "
                                "--gradient sampled") from None
-        if sampled:
+        if sampled:  # every allocation of the run, sized before it starts: the training batch, the read-outs
             check_batch_size(cfg["batch_size"], task)
+            check_readout_memory(task, heads)
         steps = cfg["steps"]
         record_every = cfg.get("record_every") or max(1, steps // 128)
         train = CatFormerTrainConfig(
@@ -204,8 +247,14 @@ class CatFormerKind(KindBase):
     def notes(self, rc):
         if not _sampled(rc):
             return []
-        return [f"sampled gradient: batches of {rc.train.batch_size} (sample seed {rc.train.sample_seed}); recorded "
-                f"losses are batch estimates with their SE; read-outs on {READOUT_SAMPLES} held-out sequences"]
+        b = rc.train.batch_size
+        se = ("recorded losses are batch estimates with their SE" if b >= 2 else
+              "a batch of 1 has no standard error (--batch-size >= 2 for one), so the recorded losses' noise is not "
+              "judged: only a non-finite loss stops the run")
+        secs = readout_seconds(rc.task, rc.train.heads)
+        took = f" (about {_duration(secs)} on this machine, estimated from a timed forward pass)" if secs > 60 else ""
+        return [f"sampled gradient: batches of {b} (sample seed {rc.train.sample_seed}); {se}; read-outs on "
+                f"{READOUT_SAMPLES} held-out sequences{took}"]
 
     def references(self, rc, traj, sampled=True):
         """The references at ``ε = 0`` (the softmax readout's loss has no perturbation); with the sampled
@@ -301,7 +350,7 @@ class CatFormerKind(KindBase):
 def _pm(v) -> str:
     if not isinstance(v, dict) or v.get("value") is None:
         return "n/a" + (f" ({v['reason']})" if isinstance(v, dict) and v.get("reason") else "")
-    return f"{fmt(v['value'])} ± {fmt(v['se'])}"
+    return f"{fmt(v['value'])} ± {fmt_se(v['se'])}"
 
 
 def _sampled_markdown(cat) -> list:
@@ -309,7 +358,7 @@ def _sampled_markdown(cat) -> list:
     n = cat["readout_samples"]
     lines = ["", f"## The full model, sampled read-outs (n = {n:,} held-out sequences, ± SE)", "",
              f"Heads per layer {tuple(cat['heads'])}; loss on the held-out sample {fmt(cat['final_loss'])} ± "
-             f"{fmt(cat['final_loss_se'])} (sampled); minus the official bayes estimator {_pm(ex['official_bayes'])}, "
+             f"{fmt_se(cat['final_loss_se'])} (sampled); minus the edges-only count estimator {_pm(ex['official_bayes'])}, "
              f"minus the task's Bayes loss {_pm(ex['bayes'])} (same sample, sampled).", ""]
     rows = cat["attention_to_parent_per_position"]
     ses = cat["attention_to_parent_per_position_se"]
@@ -319,7 +368,7 @@ def _sampled_markdown(cat) -> list:
               "|---|---|" + "---|" * len(cols)]
     for h in range(len(rows)):
         lines.append(f"| {h} | population attention (sampled) | "
-                     + " | ".join(f"{fmt(rows[h][i])} ± {fmt(ses[h][i])}" for i in cols) + " |")
+                     + " | ".join(f"{fmt(rows[h][i])} ± {fmt_se(ses[h][i])}" for i in cols) + " |")
         lines.append(f"| {h} | positional block (exact) | " + " | ".join(fmt(posb[h][i]) for i in cols) + " |")
     ind = cat.get("induction")
     if ind:

@@ -18,7 +18,7 @@ from ...theory.information import has_idealized_gradient
 from ...train.algorithm1 import train_two_stage
 from ...train.config import GRADIENTS, SCHEDULES, STAGE2_METHODS, TrainConfig, resolve_auto
 from .. import plots as P
-from ..report import UNIFORM_MEAN_IMPOSSIBLE, fmt
+from ..report import UNIFORM_MEAN_IMPOSSIBLE, fmt, fmt_se
 from ..settings import CLIError, Flag, flag_name
 from ..tasks import RUN_DEFAULTS, TASK_DEFAULTS, graph_family, is_multi_parent, too_large
 from ._common import KindBase, refuse_past_memory, validated
@@ -106,7 +106,7 @@ def loss_sweep_markdown(sweep) -> list:
                    floor):
         lines.append("| " + " | ".join(fmt(x) for x in row) + " |")
     lines += ["", f"Fitted exponent of L_ε(θ̂) - L*_ε against T_eff: {fmt(sweep['fitted_exponent'])} "
-                  f"± {fmt(sweep['fitted_exponent_stderr'])} (standard error)."]
+                  f"± {fmt_se(sweep['fitted_exponent_stderr'])} (standard error); the losses are in nats."]
     return lines
 
 

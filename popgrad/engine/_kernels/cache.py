@@ -24,6 +24,7 @@ _KERNELS = os.path.dirname(os.path.abspath(__file__))
 KERNEL_MODULES = (
     "popgrad.checks._kernels",
     "popgrad.engine._kernels.catformer",
+    "popgrad.engine._kernels.catformer_hvp",
     "popgrad.engine._kernels.catformer_leaves",
     "popgrad.engine._kernels.catformer_rows",
     "popgrad.engine._kernels.catformer_walk",
@@ -33,6 +34,7 @@ KERNEL_MODULES = (
     "popgrad.engine._kernels.numeric",
     "popgrad.engine._kernels.prefix",
     "popgrad.engine._kernels.ranges",
+    "popgrad.engine._kernels.reduced_hvp",
     "popgrad.engine._kernels.single",
     "popgrad.engine._kernels.table",
     "popgrad.engine._kernels.twins",

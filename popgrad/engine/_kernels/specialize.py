@@ -203,14 +203,23 @@ def loaded(sizes, hinfo) -> bool:
 def run(job, name, parallel, *args):
     """Run walk ``name`` (``"run_blocks"`` or ``"run_rows"``; its ``_serial`` twin unless ``parallel``) of the
     module :func:`walks` picks for ``job``, on ``args``; the wall time of a general walk counts towards the
-    layout's :func:`spent`."""
+    layout's :func:`spent`, except that of a call that first compiled the walk (or loaded it from numba's
+    cache): ``"auto"`` weighs the time the walks *run* against a specialization's compile, and the first
+    call of a fresh install would otherwise count its own compile and specialize at once."""
     fn = getattr(walks(job), name if parallel else name + "_serial")
     if job.specialized:
         return fn(*args)
+    compiled = _signatures(fn)
     t0 = time.perf_counter()
     out = fn(*args)
-    count(job, time.perf_counter() - t0)
+    if _signatures(fn) == compiled:  # a call that first compiled (or loaded) the walk does not count
+        count(job, time.perf_counter() - t0)
     return out
+
+
+def _signatures(fn) -> int:
+    """How many signatures the numba dispatcher ``fn`` holds (compiled, or loaded from numba's cache)."""
+    return len(getattr(fn, "signatures", ()))
 
 
 def count(job, seconds) -> None:

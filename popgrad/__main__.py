@@ -1,0 +1,7 @@
+"""``python -m popgrad``: the ``popgrad`` command (:func:`popgrad.app.cli.main`)."""
+import sys
+
+from .app.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
