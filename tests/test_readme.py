@@ -29,10 +29,10 @@ def test_readme_is_for_users():
     assert len(README.splitlines()) < 250
 
 
-@pytest.mark.parametrize("i", range(3))
+@pytest.mark.parametrize("i", range(4))
 def test_quick_start_runs_and_every_printed_verdict_passes(i):
     blocks = _quick_start_blocks()
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(blocks[i], f"README.md quick start {i}", "exec"), {})
@@ -50,6 +50,8 @@ def test_quick_start_runs_and_every_printed_verdict_passes(i):
     if i == 2:
         first, second = text.splitlines()[1].split()
         assert float(first) == pytest.approx(float(second), rel=1e-12)
+    if i == 3:
+        assert text.splitlines()[0].startswith("0.693147 ") and "0.693147 -> 0.623232" in text
 
 
 def _includes(page: Path):

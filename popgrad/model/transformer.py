@@ -240,6 +240,10 @@ class Transformer:
         out = [self._forward(p, seqs[i:j])[0] for i, j in self._chunks(len(seqs))]
         return np.concatenate(out, axis=0) if out else np.zeros((0, self._S), dtype=_dtype(p))
 
+    def default_eps(self, task) -> float:
+        """``0``: the official loss is the plain cross entropy of the softmax readout (no ε)."""
+        return 0.0
+
     def layer1_attention(self, params, seqs) -> np.ndarray:
         """The layer-1 attention ``softmax_rows(MASK(h⁰ A1 h⁰ᵀ))``: shape ``(n, 1, T, T)``, causal rows summing
         to 1 (the notebook's ``get_attn(x, model, i=0)``)."""
