@@ -166,6 +166,7 @@ def check_api_complete(app, exception) -> None:
 PAPER_ORDER = (
     "induction_head.py", "icl_function.py", "random_trees.py",
     "paper_figure2.py", "catformer_figure2.py", "catformer_figure2_official.py",
+    "catformer_figure2_plateau.py",
     "gradient_alignment.py", "alignment_at_scale.py", "dpi_gaps.py",
     "ood.py", "finite_samples.py",
     "multi_parent.py", "catformer_two_parent.py", "catformer_two_parent_official.py", "catformer_symmetry.py",

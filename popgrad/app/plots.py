@@ -107,7 +107,9 @@ def plot_loss(trajectory, references: dict, path, context: str = "") -> None:
     the exact floor (``L_floor_eps``, the lower bound, solid), the oracle
     (``L_star_eps``, ``L*_ε``), the Bayes predictive (``L_bayes_eps``,
     ``L_Bayes,ε``) and the count estimator (``L_count``), all under the loss the
-    model is trained on; ``L*_ε`` and ``L_Bayes,ε`` are not bounds of it.
+    model is trained on; ``L*_ε`` and ``L_Bayes,ε`` are not bounds of it. The
+    official experiments' two lines (``ε = 0``): the edges-only count estimator
+    (``L_count_edges``) and the official ``bayes`` line (``L_official_bayes_line``).
     """
     fig, ax = new_figure(figsize=(6.5, 4))
     ok = np.isfinite(trajectory.loss)
@@ -116,7 +118,7 @@ def plot_loss(trajectory, references: dict, path, context: str = "") -> None:
     if exact.any():
         ax.plot(trajectory.step[exact], trajectory.loss[exact], color="k", lw=1.5, label="exact loss L(θ)")
     if sampled.any():
-        n = getattr(trajectory, "stage2_samples", 0)
+        n = getattr(trajectory, "stage2_samples", 0) or getattr(trajectory.config, "batch_size", None) or 0
         ax.errorbar(trajectory.step[sampled], trajectory.loss[sampled], yerr=trajectory.loss_se[sampled],
                     color="tab:red", lw=1.2, capsize=2, label=f"sampled loss ± 1 SE (n = {n:,})")
     eps = references.get("eps")
@@ -124,7 +126,9 @@ def plot_loss(trajectory, references: dict, path, context: str = "") -> None:
     styles = {"L_floor_eps": (f"L_floor,ε: exact floor, lower bound{tag}", "tab:gray"),
               "L_star_eps": (f"L*_ε: oracle knowing π, not a bound{tag}", "tab:green"),
               "L_bayes_eps": (f"L_Bayes,ε: Bayes predictive, not a bound{tag}", "tab:blue"),
-              "L_count": (f"count estimator{tag}", "tab:orange")}
+              "L_count": (f"count estimator{tag}", "tab:orange"),
+              "L_count_edges": ("edges-only count estimator", "tab:orange"),
+              "L_official_bayes_line": ("official bayes line (roots counted)", "tab:purple")}
     for key, (label, color) in styles.items():
         v = references.get(key)
         value = v.get("value") if isinstance(v, dict) else v
@@ -162,7 +166,10 @@ def plot_loss(trajectory, references: dict, path, context: str = "") -> None:
         notes.append(f"no loss before step {int(trajectory.step[ok][0])}: Stage 1 used the "
                      f"{_gradient_name(trajectory)}, which does not evaluate the loss")
     if sampled.any():
-        notes.append("Stage 2 on a fixed sample: losses after Stage 1 are sampled estimates")
+        if getattr(trajectory, "stage2_samples", 0):
+            notes.append("Stage 2 on a fixed sample: losses after Stage 1 are sampled estimates")
+        else:
+            notes.append("sampled training: each loss is its step's batch estimate ± 1 SE")
     title = "\n".join(([context] if context else []) + notes)
     if title:
         ax.set_title(title, fontsize=8)

@@ -51,6 +51,9 @@ REFERENCE_LABELS = {
     "L_model_heldout": "the model's loss on the held-out sample (full model, sampled gradient)",
     "L_official_bayes": "L_official_bayes: the edges-only count estimator (in-context counts of the edges + α; the official single-parent bayes line also counts the roots)",
     "model_minus_official_bayes": "model − edges-only count estimator, same held-out sample",
+    "L_official_bayes_line": "the official bayes line (InContextTree.bayes as written: in-context counts + α, every "
+                             "non-query root counted as a child of position T−2; what the official figures draw)",
+    "model_minus_official_bayes_line": "model − the official bayes line, same held-out sample",
     "model_minus_bayes": "model − L_Bayes, same held-out sample",
     "L_context_free": "L_context_free: the best predictor p(y \\| s_T) that ignores the context, ε-loss",
     "L_model": "the model's loss on the Stage-2 sample, ε-loss",
@@ -61,7 +64,7 @@ REFERENCE_LABELS = {
 #: References whose loss has no ε-perturbation (the plain cross-entropy); every other loss of the reduced
 #: model is an ε-loss, ``-E log(f + ε)`` at the report's ``eps``.
 UNPERTURBED = ("L_star", "L_bayes", "L_official_bayes", "L_model_heldout", "model_minus_official_bayes",
-               "model_minus_bayes")
+               "model_minus_bayes", "L_official_bayes_line", "model_minus_official_bayes_line")
 
 #: A float below this fraction of the largest magnitude in its table column, matrix or list is rounding
 #: noise of the sums behind it (float64 sums over up to 10^8 terms stay far below), shown as 0.
@@ -83,12 +86,17 @@ FIGURE_CAPTIONS = {
                    "Figure 2): row i is position i's attention over j ≤ i; graph recovery puts the mass on p(i).",
         "catformer": "The full model's exact population-average layer-1 attention of each head beside the true "
                      "graph (the paper's Figures 2 and 7 style).",
+        "transformer": "The standard transformer's layer-1 attention averaged over the population (exact) or the "
+                       "held-out sample (sampled) beside the true graph (the official Figure 8 style).",
     },
     "loss.png": {
         "reduced": "Loss (nats) against the step, above the exact floor L_floor,ε (a lower bound of every model), "
                    "with L*_ε, L_Bayes,ε and the count estimator of the same ε (the first two are not bounds).",
         "catformer": "Loss (nats) against the step, with the Bayes loss, the exact floor and the count estimator "
-                     "(at ε = 0, smoothed where it is infinite).",
+                     "(at ε = 0, smoothed where it is infinite); sampled: the held-out estimates and both official "
+                     "reference lines (the edges-only count estimator and the official bayes line).",
+        "transformer": "Loss (nats, ε = 0) against the step, with the exact references (exact gradient) and both "
+                       "official reference lines: the edges-only count estimator and the official bayes line.",
     },
     "gradient_cosine.png": {
         "reduced": "Cosine between the exact Stage-1 gradient and the paper's idealized prediction (Knowl 3) "
@@ -118,9 +126,10 @@ REGIME_HINTS["alignment_rate"] = REGIME_HINTS["gradient_alignment"]
 
 
 def figure_caption(name: str, model: str = "reduced") -> str:
-    """The caption of figure ``name`` (a file name) for a run of ``model``; the file name when unknown."""
+    """The caption of figure ``name`` (a file name) for a run of ``model``; the file name when that model has
+    none (another model's caption would describe another model's figure)."""
     variants = FIGURE_CAPTIONS.get(os.path.basename(name), {})
-    return variants.get(model) or variants.get("reduced") or os.path.basename(name)
+    return variants.get(model) or os.path.basename(name)
 
 __all__ = ["build_report", "write_report", "render_markdown", "atomic_write_text", "versions", "fmt", "fmt_se",
            "reference_value", "detail_lines", "weights_accuracy", "figure_caption"]
@@ -484,7 +493,7 @@ def render_markdown(report: dict, sections=(), figures=()) -> str:
     t = report["task"]
     cfg = report["config"]
     tr = report["trajectory"]
-    model = "catformer" if cfg.get("model") == "catformer" else "reduced"
+    model = cfg.get("model") or "reduced"
     lines = [
         "# popgrad run report",
         "",

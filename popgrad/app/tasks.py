@@ -146,12 +146,6 @@ def check_conflicts(cfg: dict, given: set) -> None:
     elif "roots" in given:
         raise CLIError("--roots only applies to --prior continuous (a finite prior's roots follow each atom's "
                        "stationary distribution): drop --roots or add --prior continuous")
-    if cfg.get("model") == "catformer" and cfg.get("gradient", "exact") != "sampled":
-        for key in ("batch_size", "sample_seed"):
-            if key in given:
-                flag = "--" + key.replace("_", "-")
-                raise CLIError(f"{flag} only applies to --gradient sampled (got --gradient {cfg.get('gradient')}): "
-                               f"drop {flag} or add --gradient sampled")
 
 
 def build_graph(spec: str, T: int, seed: int):

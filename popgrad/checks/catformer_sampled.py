@@ -146,8 +146,11 @@ def _bayes_predictive(task, seqs, n):
 def sampled_loss_estimates(task, model, params, sample, alpha=None, bayes=True) -> dict:
     """The model's and the references' losses on ``sample`` (a :class:`popgrad.Sample`), with SEs.
 
-    Keys ``L_model``, ``L_official_bayes``, ``model_minus_official_bayes``, and, when known (``bayes``),
-    ``L_bayes``, ``model_minus_bayes`` (else a dict with ``value`` None and the ``reason``).
+    Keys ``L_model``, ``L_official_bayes`` (the edges-only count estimator), ``model_minus_official_bayes``;
+    on a single-parent task also ``L_official_bayes_line`` and ``model_minus_official_bayes_line`` (the official
+    ``bayes`` line, ``InContextTree.bayes`` as written: roots counted, ``root_quirk=True``; on a multi-parent
+    task the official line is the edges-only estimator itself); and, when known (``bayes``), ``L_bayes``,
+    ``model_minus_bayes`` (else a dict with ``value`` None and the ``reason``).
     """
     seqs, y = sample.seqs, sample.targets
     rows = readout_rows_per_chunk(model)
@@ -156,6 +159,10 @@ def sampled_loss_estimates(task, model, params, sample, alpha=None, bayes=True) 
     lm = _xent(y, f)
     lo = _xent(y, official_bayes_predict(task.graph, seqs, task.S, _alpha_of(task, alpha)))
     out = {"L_model": _est(lm), "L_official_bayes": _est(lo), "model_minus_official_bayes": _est(lm - lo)}
+    if not isinstance(task, MultiParentTask):
+        lq = _xent(y, official_bayes_predict(task.graph, seqs, task.S, _alpha_of(task, alpha), root_quirk=True))
+        out["L_official_bayes_line"] = _est(lq)
+        out["model_minus_official_bayes_line"] = _est(lm - lq)
     post, reason = _bayes_predictive(task, seqs, seqs.shape[0]) if bayes else (None, "not requested")
     if post is None:
         out["L_bayes"] = {"value": None, "se": None, "n": int(seqs.shape[0]), "kind": "sampled", "reason": reason}

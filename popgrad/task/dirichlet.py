@@ -522,10 +522,11 @@ def gauss_beta01(n, pa, pb):
     diag = np.empty(n)
     diag[0] = (pa - pb) / sig
     diag[1:] = (pa - pb) * (sig - 2.0) / (sk[1:] * (sk[1:] + 2.0))
-    kk, s1 = k[1:], sk[1:]
-    off = 4.0 * kk * (kk - 1.0 + pb) * (kk - 1.0 + pa) * (kk - 2.0 + sig) / (s1 * s1 * (s1 + 1.0) * (s1 - 1.0))
-    if n > 1:  # k = 1: its factors (σ - 1) cancel
+    off = np.empty(max(n - 1, 0))
+    if n > 1:  # k = 1: its factors (σ - 1) cancel (σ = 1 would give 0/0 in the general form)
         off[0] = 4.0 * pa * pb / (sig * sig * (sig + 1.0))
+    kk, s1 = k[2:], sk[2:]
+    off[1:] = 4.0 * kk * (kk - 1.0 + pb) * (kk - 1.0 + pa) * (kk - 2.0 + sig) / (s1 * s1 * (s1 + 1.0) * (s1 - 1.0))
     t, v = eigh_tridiagonal(diag, np.sqrt(off))
     w = v[0] ** 2
     return (1.0 + t) / 2.0, w / w.sum(), math.lgamma(pa) + math.lgamma(pb) - math.lgamma(sig)

@@ -69,8 +69,17 @@ def test_sampled_run_report_is_labelled_sampled_and_matches_the_python_api(tmp_p
     report = json.loads((out / "report.json").read_text())
     refs = report["references"]
     for key in ("L_model_heldout_sampled", "L_official_bayes_sampled", "L_bayes_sampled",
-                "model_minus_official_bayes_sampled"):
+                "model_minus_official_bayes_sampled", "L_official_bayes_line_sampled",
+                "model_minus_official_bayes_line_sampled"):
         assert refs[key]["kind"] == "sampled" and refs[key]["se"] > 0 and refs[key]["n"] == 8192
+    # the official line is InContextTree.bayes as written (roots counted) on the same held-out sample
+    from popgrad.app.kinds.catformer import READOUT_SAMPLES, READOUT_SEED
+
+    smp = pg.Task(pg.chain(5), pg.DirichletPrior(2, 0.5)).sample(READOUT_SAMPLES, READOUT_SEED)
+    f = pg.official_bayes_predict(pg.chain(5), smp.seqs, 2, 0.5, root_quirk=True)
+    line = -np.sum(np.where(smp.targets > 0, smp.targets * np.log(f), 0.0), axis=1).mean()
+    assert refs["L_official_bayes_line_sampled"]["value"] == pytest.approx(line, rel=1e-12)
+    assert "minus the official bayes line (roots counted)" in (out / "report.md").read_text()
     cat = report["catformer"]
     assert cat["gradient"] == "sampled" and len(cat["attention_to_parent_per_position_se"][0]) == 5
     assert {c["name"]: c["kind"] for c in report["checks"]}["catformer_graph_recovery"] == "sampled"

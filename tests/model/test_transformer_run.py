@@ -40,6 +40,12 @@ def test_tiny_run_writes_its_report_and_equals_train_model(tmp_path):
             np.testing.assert_array_equal(z[f"final_{k}"], v)
     assert report["trajectory"]["final_loss"] == float(traj.loss[-1])
     assert report["references"]["L_official_bayes"]["value"] == pytest.approx(pg.official_bayes_loss(task), rel=1e-12)
+    # both official reference lines, each named for what it is (report.json, report.md)
+    line = pg.official_bayes_loss(task, root_quirk=True)
+    assert report["references"]["L_official_bayes_line"]["value"] == pytest.approx(line, rel=1e-12)
+    assert report["transformer"]["official_bayes_line"]["value"] == pytest.approx(line, rel=1e-12)
+    md = (out / "report.md").read_text()
+    assert "edges-only count estimator" in md and "the official bayes line (roots counted)" in md
     sec = report["transformer"]
     P = np.array(sec["population_attention_layer1"])
     np.testing.assert_allclose(P.sum(axis=2), 1.0, rtol=1e-12)
@@ -54,6 +60,10 @@ def test_sampled_run_at_a_size_past_enumeration(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["checks"][0]["status"] == "not_applicable"
     assert report["references"]["L_official_bayes_sampled"]["kind"] == "sampled"
+    refs = report["references"]
+    assert refs["L_official_bayes_line_sampled"]["kind"] == "sampled"
+    assert refs["model_minus_official_bayes_line_sampled"]["value"] == pytest.approx(
+        refs["L_model_heldout_sampled"]["value"] - refs["L_official_bayes_line_sampled"]["value"], abs=1e-12)
     assert report["transformer"]["attention_kind"].startswith("sampled")
 
 
@@ -76,6 +86,8 @@ def test_resume_reproduces_the_run_and_refuses_other_settings(tmp_path, capsys):
     (["--S", "4", "--T", "14"], "--model transformer needs the exact population"),
     (["--lr", "0"], "--lr: expected a finite number > 0"),
     (["--gradient", "field"], "--gradient"),
+    (["--batch-size", "5"], "--batch-size only applies to --gradient sampled"),  # was silently ignored
+    (["--sample-seed", "5"], "--sample-seed only applies to --gradient sampled"),
 ])
 def test_bad_values_one_line_exit_2(tmp_path, capsys, argv, needle):
     out = tmp_path / "never"

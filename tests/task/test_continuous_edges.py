@@ -195,6 +195,20 @@ def test_jacobi_rules_integrate_their_polynomials(alpha, order):
     assert abs(w.sum() * (alpha - 1 + 1) - 1) <= 1e-13
 
 
+@pytest.mark.parametrize("pa, pb", [(0.5, 0.5), (0.25, 0.75), (0.1, 0.9)])
+def test_jacobi_rule_at_exponent_sum_one_warns_nothing(pa, pb):
+    """``pa + pb = 1`` (α = 0.5 in the stationary S = 2 table): the general recurrence's k = 1 term is 0/0
+    there; it is never formed (it leaked "invalid value encountered in divide" into users' runs)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        x, w, _ = D.gauss_beta01(D.S2_ORDER, pa, pb)
+    for k in range(2 * D.S2_ORDER):
+        exact = math.prod((pa + j) / (pa + pb + j) for j in range(k))
+        assert abs(float(w @ x**k) / exact - 1) <= 1e-11, k
+
+
 @pytest.mark.parametrize("alpha", [10.0, 1e3, 1e6, 1e20, 1e300])
 def test_beta_rule_moments_at_large_alpha(alpha):
     x, w = D.gauss_beta_symmetric(2 * D.S2_ORDER, alpha)

@@ -9,7 +9,7 @@ from ...train.loop import load_checkpoint
 from ..settings import CLIError, Flag
 from ..tasks import RUN_DEFAULTS, TASK_DEFAULTS, build_task
 
-__all__ = ["KindBase", "validated", "common_defaults", "refuse_past_memory"]
+__all__ = ["KindBase", "validated", "common_defaults", "refuse_past_memory", "refuse_batch_flags_unless_sampled"]
 
 
 def common_defaults(record_every: bool = True) -> dict:
@@ -84,3 +84,15 @@ class KindBase:
 
     def __repr__(self):
         return f"<kind of run {self.name!r} (--model {self.model})>"
+
+
+def refuse_batch_flags_unless_sampled(values: Mapping, given: set) -> None:
+    """``--batch-size`` / ``--sample-seed`` given without ``--gradient sampled``: a one-line :class:`CLIError`
+    (they would be ignored; the kinds with a sampled gradient call this from ``check_conflicts``)."""
+    if values.get("gradient", "exact") == "sampled":
+        return
+    for key in ("batch_size", "sample_seed"):
+        if key in given:
+            flag = "--" + key.replace("_", "-")
+            raise CLIError(f"{flag} only applies to --gradient sampled (got --gradient {values.get('gradient')}): "
+                           f"drop {flag} or add --gradient sampled")

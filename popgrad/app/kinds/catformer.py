@@ -32,7 +32,7 @@ from .. import plots as P
 from ..report import fmt, fmt_se, reference_value
 from ..settings import CLIError, Flag
 from ..tasks import MULTI_PARENT_TASK_DEFAULTS, is_multi_parent, too_large
-from ._common import KindBase, common_defaults, refuse_past_memory
+from ._common import KindBase, common_defaults, refuse_batch_flags_unless_sampled, refuse_past_memory
 
 __all__ = ["KIND", "CATFORMER_DEFAULTS", "FLAGS", "parse_heads", "READOUT_SAMPLES", "READOUT_SEED",
            "check_readout_memory"]
@@ -197,6 +197,7 @@ class CatFormerKind(KindBase):
         return MULTI_PARENT_TASK_DEFAULTS if is_multi_parent(values) else {}
 
     def check_conflicts(self, values, given):
+        refuse_batch_flags_unless_sampled(values, given)
         if "init_seed" in given and not values.get("init_scale"):
             raise CLIError(f"--init-seed {values['init_seed']} has no effect at --init-scale 0 (the zero start "
                            "draws nothing; as a sweep axis it would only repeat cells): give --init-scale > 0 "
@@ -264,9 +265,11 @@ class CatFormerKind(KindBase):
             return softmax_reference_losses(rc.task), None
         L = _readouts(rc, traj.final)["losses"]
         names = {"L_model": "L_model_heldout_sampled", "L_official_bayes": "L_official_bayes_sampled",
+                 "L_official_bayes_line": "L_official_bayes_line_sampled",
                  "L_bayes": "L_bayes_sampled", "model_minus_official_bayes": "model_minus_official_bayes_sampled",
+                 "model_minus_official_bayes_line": "model_minus_official_bayes_line_sampled",
                  "model_minus_bayes": "model_minus_bayes_sampled"}
-        return {new: L[old] for old, new in names.items()}, None
+        return {new: L[old] for old, new in names.items() if old in L}, None
 
     def checks(self, rc, traj, refs, objective=None):
         task, model, params = rc.task, _model(rc), traj.final
@@ -299,6 +302,7 @@ class CatFormerKind(KindBase):
             "final_loss": refs["L_model_heldout_sampled"]["value"],
             "final_loss_se": refs["L_model_heldout_sampled"]["se"],
             "excess_over": {"official_bayes": refs["model_minus_official_bayes_sampled"],
+                            "official_bayes_line": refs.get("model_minus_official_bayes_line_sampled"),
                             "bayes": refs["model_minus_bayes_sampled"]},
             "population_attention_layer1": pop["mean"], "population_attention_layer1_se": pop["se"],
             "attention_to_parent_per_position": pop["to_parent"],
@@ -312,8 +316,10 @@ class CatFormerKind(KindBase):
         return results, extra
 
     def plots(self, out, rc, traj, refs, context=""):
-        if _sampled(rc):  # the official count estimator as L_count, the task's Bayes loss where known
-            refs = {"L_count": refs["L_official_bayes_sampled"], "L_bayes_eps": refs["L_bayes_sampled"]}
+        if _sampled(rc):  # both official reference lines, the task's Bayes loss where known
+            refs = {"eps": 0.0, "L_count_edges": refs["L_official_bayes_sampled"],
+                    "L_official_bayes_line": refs.get("L_official_bayes_line_sampled"),
+                    "L_bayes_eps": refs["L_bayes_sampled"]}
         P.plot_loss(traj, refs, os.path.join(out, "loss.png"), context=context)
         Pbar = _population(rc, traj.params(-1))  # the record at traj.step[-1]
         P.plot_population_attention(rc.task.graph, Pbar, os.path.join(out, "attention.png"), context=context,
@@ -359,7 +365,9 @@ def _sampled_markdown(cat) -> list:
     lines = ["", f"## The full model, sampled read-outs (n = {n:,} held-out sequences, ± SE)", "",
              f"Heads per layer {tuple(cat['heads'])}; loss on the held-out sample {fmt(cat['final_loss'])} ± "
              f"{fmt_se(cat['final_loss_se'])} (sampled); minus the edges-only count estimator {_pm(ex['official_bayes'])}, "
-             f"minus the task's Bayes loss {_pm(ex['bayes'])} (same sample, sampled).", ""]
+             + (f"minus the official bayes line (roots counted) {_pm(ex['official_bayes_line'])}, "
+                if ex.get("official_bayes_line") else "")
+             + f"minus the task's Bayes loss {_pm(ex['bayes'])} (same sample, sampled).", ""]
     rows = cat["attention_to_parent_per_position"]
     ses = cat["attention_to_parent_per_position_se"]
     posb = cat["positional_attention_to_parent_per_position"]

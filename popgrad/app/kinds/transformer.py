@@ -40,7 +40,7 @@ from ..report import fmt, fmt_se, reference_value
 from ..settings import CLIError
 from ..tasks import too_large
 from . import catformer as _catformer
-from ._common import KindBase, common_defaults
+from ._common import KindBase, common_defaults, refuse_batch_flags_unless_sampled
 
 __all__ = ["KIND", "TRANSFORMER_DEFAULTS", "READOUT_SAMPLES", "READOUT_SEED"]
 
@@ -109,13 +109,17 @@ def _heldout(rc, params):
         f = model.predict(params, seqs)
         fo = official_bayes_predict(task.graph, seqs, task.S, rc["alpha"])
         lm, lo = _xent(y, f), _xent(y, fo)
+        line = {}
+        if not isinstance(task, MultiParentTask):  # the official single-parent line counts the roots
+            lq = _xent(y, official_bayes_predict(task.graph, seqs, task.S, rc["alpha"], root_quirk=True))
+            line = {"L_official_bayes_line_sampled": _est(lq), "model_minus_official_bayes_line_sampled": _est(lm - lq)}
         rows = max(1, 2**25 // (32 * task.T * task.T))  # chunks of the (n, 1, T, T) attention: bounded memory
         att = sum(np.sum(model.layer1_attention(params, seqs[i:i + rows]), axis=0)
                   for i in range(0, len(seqs), rows)) / len(seqs)
         _LAST.clear()
         _LAST.update(key=key, value={
             "L_model_heldout_sampled": _est(lm), "L_official_bayes_sampled": _est(lo),
-            "model_minus_official_bayes_sampled": _est(lm - lo), "attention": att})
+            "model_minus_official_bayes_sampled": _est(lm - lo), **line, "attention": att})
     return _LAST["value"]
 
 
@@ -154,6 +158,9 @@ class TransformerKind(KindBase):
     defaults = dict(common_defaults(record_every=False), **TRANSFORMER_DEFAULTS)
     check_names = ("model_graph_recovery",)
     figures = ("loss.png", "attention.png")
+
+    def check_conflicts(self, values, given):
+        refuse_batch_flags_unless_sampled(values, given)
 
     def settle(self, cfg, task):
         try:
@@ -200,6 +207,9 @@ class TransformerKind(KindBase):
             refs = softmax_reference_losses(rc.task)
             value = float(official_bayes_loss(rc.task, alpha=rc["alpha"]))
             refs["L_official_bayes"] = {"value": value, "kind": "exact"}
+            if not isinstance(rc.task, MultiParentTask):
+                value = float(official_bayes_loss(rc.task, alpha=rc["alpha"], root_quirk=True))
+                refs["L_official_bayes_line"] = {"value": value, "kind": "exact"}
             return refs, None
         ho = _heldout(rc, traj.final)
         return {k: v for k, v in ho.items() if k != "attention"}, None
@@ -229,6 +239,8 @@ class TransformerKind(KindBase):
             "final_loss_se": refs["L_model_heldout_sampled"]["se"] if _sampled(rc) else None,
             "official_bayes": (refs["L_official_bayes_sampled"] if _sampled(rc)
                                else refs.get("L_official_bayes")),
+            "official_bayes_line": (refs.get("L_official_bayes_line_sampled") if _sampled(rc)
+                                    else refs.get("L_official_bayes_line")),
             "attention_kind": "exact" if _enumerable(task) else f"sampled ({READOUT_SAMPLES} held-out sequences)",
             "population_attention_layer1": Pbar, "attention_to_parent_per_position": to_parent,
             "mean_attention_lift_to_parent": lift,
@@ -239,7 +251,10 @@ class TransformerKind(KindBase):
 
     def plots(self, out, rc, traj, refs, context=""):
         if _sampled(rc):
-            refs = {"L_count": refs["L_official_bayes_sampled"]}
+            refs = {"eps": 0.0, "L_count_edges": refs["L_official_bayes_sampled"],
+                    "L_official_bayes_line": refs.get("L_official_bayes_line_sampled")}
+        else:
+            refs = dict(refs, L_count_edges=refs.get("L_official_bayes"))
         P.plot_loss(traj, refs, os.path.join(out, "loss.png"), context=context)
         P.plot_population_attention(rc.task.graph, _population(rc, traj.final), os.path.join(out, "attention.png"),
                                     context=context, step=int(traj.step[-1]))
@@ -256,10 +271,14 @@ class TransformerKind(KindBase):
             return []
         ob = tf.get("official_bayes")
         obv = reference_value(ob) if isinstance(ob, dict) else None
+        ol = tf.get("official_bayes_line")
+        olv = reference_value(ol) if isinstance(ol, dict) else None
         se = f" ± {fmt_se(tf['final_loss_se'])}" if tf.get("final_loss_se") is not None else ""
         lines = ["", f"## The standard transformer (layer-1 attention: {tf['attention_kind']})", "",
                  f"Heads per layer {tuple(tf['heads'])}, {tf['gradient']} gradient; final loss {fmt(tf['final_loss'])}"
-                 f"{se}; edges-only count estimator {fmt(obv)}; mean attention lift to the parent "
+                 f"{se}; edges-only count estimator {fmt(obv)}"
+                 + (f"; the official bayes line (roots counted) {fmt(olv)}" if olv is not None else "")
+                 + "; mean attention lift to the parent "
                  f"{fmt(tf['mean_attention_lift_to_parent'])}.", ""]
         rows = tf["attention_to_parent_per_position"]
         cols = [i for i in range(len(rows[0])) if rows[0][i] is not None and math.isfinite(rows[0][i])]
