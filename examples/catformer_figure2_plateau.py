@@ -18,8 +18,8 @@ random numbers: every loss difference is paired, ± its SE):
 4. **the sharpened point continued**: the same from the end point with its positional block scaled by 3
    (0.997 of the attention on the parent): does training from a sharp layer 1 find a lower loss, or return;
 5. **the recipe exactly at a size that enumerates** (``--small-S 3 --small-T 8``, uniform roots so that the
-   weights are exact): the exact loss against the Bayes loss and the edges-only estimator, and the exact
-   loss along the sharpening ray of part 1.
+   weights are exact): the exact loss against the Bayes loss and the edges-only estimator, the exact
+   loss along the sharpening ray of part 1, and the run continued exactly with Adam (lr 1e-2, constant).
 
 Reading: a loss that falls along (1) or (2) and under (3) says the point is not the architecture's floor
 at this size but a region the recipe's SGD does not leave; a loss that rises along every probe and does not
@@ -177,7 +177,9 @@ def main():
               f"{e['count_estimator_edges_only']:.4f}, attention to the parent {e['attention_to_parent']:.3f}; "
               "the exact loss along the sharpening ray minus the end point: "
               + ", ".join(f"c = {r['c']}: {r['loss'] - e['loss']:+.4f} (attention {r['attention_to_parent']:.3f})"
-                          for r in e["sharpening_ray"]) + "."]
+                          for r in e["sharpening_ray"]) + "; continued exactly with Adam at constant lr 1e-2 for "
+              f"{e['continued_adam_lr1e-2']['steps']} steps: loss {e['continued_adam_lr1e-2']['loss']:.4f}, attention "
+              f"to the parent {e['continued_adam_lr1e-2']['attention_to_parent']:.3f}."]
     from popgrad._io import atomic_write_text
 
     atomic_write_text(os.path.join(a.out, "plateau.md"), "\n".join(lines) + "\n")
@@ -202,7 +204,11 @@ def exact_small(a):
     ray = [{"c": c, "loss": pg.catformer_loss(task, model, with_positional(params, S, lambda B, c=c: c * B)),
             "attention_to_parent": attention_to_parent(with_positional(params, S, lambda B, c=c: c * B), task, S)}
            for c in (0.5, 0.9, 1.1, 1.5, 2.0, 3.0)]
+    cont = pg.train_catformer(task, model, a.small_steps, gradient="exact", optimizer="adam", lr=1e-2,
+                              lr_schedule="constant", init=params, record_every=max(1, a.small_steps // 16))
     return {"S": S, "T": T, "prior": "DirichletPrior(S, 0.1, roots='uniform')", "steps": a.small_steps,
+            "continued_adam_lr1e-2": {"steps": a.small_steps, "loss": float(cont.loss[-1]),
+                                      "attention_to_parent": attention_to_parent(cont.final, task, S)},
             "loss": float(base), "bayes": float(pg.bayes_loss(task)),
             "count_estimator_edges_only": float(pg.official_bayes_loss(task)),
             "attention_to_parent": attention_to_parent(params, task, S), "sharpening_ray": ray,
