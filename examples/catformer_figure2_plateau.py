@@ -45,7 +45,10 @@ from popgrad.app.plots import save_figure
 from _common import parser
 from _official import model_predictions, read_checkpoint, write_json
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+try:
+    HERE = os.path.dirname(os.path.abspath(__file__))
+except NameError:  # sphinx-gallery runs the script's blocks without __file__, in the examples folder
+    HERE = os.getcwd()
 CKPT = os.path.join(HERE, "..", "docs", "results", "figure2_official", "chain.ckpt.npz")
 
 
