@@ -24,7 +24,10 @@ on their slot's parent, averaged over the rows, ≥ 1/2. A finished cell writes 
 start, split_step, final_loss, bayes_loss``; ``split_step`` empty when no split; the losses on a held-out
 sample of ``--eval-n``, the Bayes loss that of the posterior predictive, which is the official ``bayes``
 line for two parents) is rewritten after every cell, so a partial diagram is always on disk; ``--table-only``
-rewrites it and the figure ``phase.png`` from the cells finished.
+rewrites it and the figure ``phase.png`` from the cells finished. The exact cells keep their recorded
+parameters (``records/<id>.npz``); ``--spectra`` computes the head-antisymmetric Hessian spectrum (3
+eigenvalues at each end, the tangent kernel) along them every ``--spectra-every`` steps (``spectra/<id>.json``,
+``spectra.png``; a running cell's checkpoint is read as far as it got).
 
 Why an example and not a ``popgrad sweep`` spec: ``popgrad run`` has no setting for a cosine longer than
 the run (``--steps`` is also the schedule's length) nor for the symmetric start, two of the factors here.
@@ -69,6 +72,10 @@ def args_of():
     p.add_argument("--cells", default="", help="a slice of the cell list, e.g. 0:10 (default: all)")
     p.add_argument("--list", action="store_true", help="print the cells and their ids, run nothing")
     p.add_argument("--table-only", action="store_true", help="rewrite cells.csv and phase.png, run nothing")
+    p.add_argument("--spectra", action="store_true",
+                   help="the head-antisymmetric Hessian spectrum (3 eigenvalues at each end) along every exact "
+                        "cell's recorded parameters (finished: records/; running: its checkpoint), into spectra/")
+    p.add_argument("--spectra-every", type=int, default=1024, help="steps between two spectra (default 1024)")
     a = p.parse_args()
     a.factors = [f.strip() for f in a.factors.split(",") if f.strip()]
     bad = [f for f in a.factors if f not in ("size", "noise", "schedule")]
@@ -184,6 +191,11 @@ def run_cell(a, c):
              final_loss_se=float(lm.std(ddof=1) / np.sqrt(lm.size)), bayes_loss=float(lb.mean()),
              status=traj.status, steps_completed=int(traj.step[-1]), M_final=np.round(M_end, 4).tolist(),
              lifts_final=lifts_end, seconds=time.perf_counter() - t0, eval_n=a.eval_n)
+    if c["gradient"] == "exact":  # the exact runs' recorded parameters stay: the Hessian spectra along them
+        from popgrad._io import atomic_savez
+
+        os.makedirs(os.path.join(a.out, "records"), exist_ok=True)
+        atomic_savez(os.path.join(a.out, "records", f"{cid}.npz"), **{k: v for k, v in rec.items()})
     write_json(path, r)
     os.remove(ckpt)  # the record keeps what the diagram needs; the checkpoint (all records) would not stay small
     return r
@@ -226,6 +238,62 @@ def table(a):
     return recs
 
 
+def spectra(a):
+    """The head-antisymmetric spectrum of the exact Hessian along each exact cell's records: ``spectra/<id>.json``
+    (step, loss, the 3 smallest and 3 largest eigenvalues, products, CPU seconds) and ``spectra.png``."""
+    out = {}
+    for c in cell_list(a):
+        if c["gradient"] != "exact":
+            continue
+        cid = cell_id(c)
+        task, model = setup(c)
+        src = os.path.join(a.out, "records", f"{cid}.npz")
+        if os.path.exists(src):
+            with np.load(src) as z:
+                rec = {k: np.array(z[k]) for k in z.files}
+        else:
+            got = read_checkpoint(model, os.path.join(a.out, "checkpoints", f"{cid}.npz"))
+            if got is None:
+                continue
+            rec = got[2]
+        path = os.path.join(a.out, "spectra", f"{cid}.json")
+        done = {}
+        if os.path.exists(path):
+            with open(path) as fh:
+                done = {p["step"]: p for p in json.load(fh)["points"]}
+        points = []
+        for k, step in enumerate(rec["step"]):
+            step = int(step)
+            if step % a.spectra_every and step != int(rec["step"][-1]):
+                continue
+            if step in done:
+                points.append(done[step])
+                continue
+            params = pg.CatFormerParams([rec["A_1"][k], rec["A_2"][k]], rec["W"][k])
+            t0 = time.process_time()
+            sp = pg.hessian_spectrum(task, model, params, k=3, which="both", subspace="head_antisymmetric", tol=1e-6)
+            points.append({"step": step, "loss": float(rec["loss"][k]), "values": [float(v) for v in sp.values],
+                           "n_products": int(sp.n_products), "cpu_seconds": time.process_time() - t0})
+            write_json(path, {"id": cid, "subspace": "head_antisymmetric", "points": points})
+            print(f"{cid} step {step}: eigenvalues {np.round(sp.values, 6).tolist()}", flush=True)
+        if points:
+            write_json(path, {"id": cid, "subspace": "head_antisymmetric", "points": points})
+            out[cid] = points
+    if out:
+        fig, ax = plt.subplots(figsize=(6.5, 3.8))
+        for cid, pts in out.items():
+            st = [p["step"] for p in pts]
+            ax.plot(st, [p["values"][0] for p in pts], "o-", label=f"{cid}: smallest")
+            ax.plot(st, [p["values"][-1] for p in pts], "x--", label=f"{cid}: largest")
+        ax.axhline(0.0, color="gray", lw=0.8)
+        ax.set_xlabel("step")
+        ax.set_ylabel("eigenvalue of the head-antisymmetric Hessian")
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        save_figure(fig, os.path.join(a.out, "spectra.png"))
+    return out
+
+
 def main():
     a = args_of()
     cells = cell_list(a)
@@ -240,6 +308,9 @@ def main():
         return
     os.makedirs(os.path.join(a.out, "cells"), exist_ok=True)
     os.makedirs(os.path.join(a.out, "checkpoints"), exist_ok=True)
+    if a.spectra:
+        spectra(a)
+        return
     if not a.table_only:
         for c in cells:
             r = run_cell(a, c)
