@@ -127,7 +127,7 @@ def plot_loss(trajectory, references: dict, path, context: str = "") -> None:
               "L_star_eps": (f"L*_ε: oracle knowing π, not a bound{tag}", "tab:green"),
               "L_bayes_eps": (f"L_Bayes,ε: Bayes predictive, not a bound{tag}", "tab:blue"),
               "L_count": (f"count estimator{tag}", "tab:orange"),
-              "L_count_edges": ("edges-only count estimator", "tab:orange"),
+              "L_count_edges": ("edges-only count estimator", "tab:brown"),
               "L_official_bayes_line": ("official bayes line (roots counted)", "tab:purple")}
     for key, (label, color) in styles.items():
         v = references.get(key)
