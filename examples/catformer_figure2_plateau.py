@@ -31,7 +31,6 @@ about 10 minutes of CPU) is ``docs/results/figure2_plateau/``, read on the full 
 gallery runs the ``--quick`` smoke version (S = 3, T = 6 after 8 sampled steps, then S = 2, T = 5 exactly): it
 shows that the script runs; its numbers are not the result.
 """
-import json
 import os
 import time
 
@@ -45,7 +44,7 @@ import popgrad as pg
 from popgrad.app.plots import save_figure
 
 from _common import parser
-from _official import model_predictions, read_checkpoint, write_json
+from _official import _est as est, model_predictions, read_checkpoint, write_json
 
 try:
     HERE = os.path.dirname(os.path.abspath(__file__))
@@ -74,11 +73,6 @@ def losses(task, model, params, smp):
     y = smp.targets
     with np.errstate(divide="ignore", invalid="ignore"):
         return -np.sum(np.where(y > 0, y * np.log(f), 0.0), axis=1)
-
-
-def est(x):
-    x = np.asarray(x, dtype=np.float64)
-    return {"value": float(x.mean()), "se": float(x.std(ddof=1) / np.sqrt(x.size))}
 
 
 def with_positional(params, S, fn):
