@@ -22,8 +22,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/popgrad run
 
+# One worker per logical CPU (at most 4; each compiles its own numba kernels), a test file per worker at a
+# time: module fixtures run once. `$(PY) -m pytest -q` (no -n) runs the same suite in one process.
+TEST_WORKERS ?= logical
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
 
 $(DOCS_STAMP): $(STAMP) pyproject.toml
 	$(PY) -m pip install --quiet -e '.[docs]'
