@@ -22,11 +22,15 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/popgrad run
 
-# One worker per logical CPU (at most 4; each compiles its own numba kernels), a test file per worker at a
-# time: module fixtures run once. `$(PY) -m pytest -q` (no -n) runs the same suite in one process.
+# One worker per logical CPU (at most 4; each compiles its own numba kernels). Work stealing: each worker
+# starts on its own contiguous half of the tests and an idle one takes from the end of another's queue, so
+# a module's tests mostly share a worker and its module-scoped fixtures run once.
+# `$(PY) -m pytest -q` (no -n) runs the same suite in one process. PYTEST_ARGS: more options, e.g.
+# `make test PYTEST_ARGS="--durations=30"`.
 TEST_WORKERS ?= logical
+PYTEST_ARGS ?=
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist worksteal $(PYTEST_ARGS)
 
 $(DOCS_STAMP): $(STAMP) pyproject.toml
 	$(PY) -m pip install --quiet -e '.[docs]'
