@@ -11,9 +11,13 @@ factor at a time, the official recipe otherwise, with 4 seeds per cell:
   which the first ``--steps`` = 8192 run), the official start; at T = 16 and 32 also the exactly symmetric
   start plus an antisymmetric 1e-8 (``popgrad.symmetric_start(model, 1e-4, seed, 1e-8)``);
 * ``noise``: batch 256, 1024, 4096 at S = 5, T = 16 and 32, and the **exact** population gradient at S = 2,
-  T = 14 and 16 (the sizes at the threshold that enumerate): does the split need sampling at all;
+  T = 14 and 16 (the largest two-parent sizes at S = 2 that enumerate): does the split need sampling at all;
 * ``schedule``: the cosine over 4096, 16384, 65536 steps at S = 5, T = 16 and 32 (the 4096 cosine runs its
-  4096 steps: its learning rate is 0 after them).
+  4096 steps: its learning rate is 0 after them);
+* ``threshold``: S = 2 does not split at any T run, so the exact S = 2 cells cannot tell whether the split
+  needs sampling; S = 3 splits at T = 16 and not at T = 8. This factor places the S = 3 threshold (sampled,
+  T = 10, 12, 14) and runs the exact gradient at S = 3, T = 10 (59,049 sequences), the largest S = 3 size
+  whose 8192 exact steps fit in about an hour of one core.
 
 Every cell is one run of ``popgrad.train_catformer`` with a checkpoint (resumable, bit-identically) and its
 parameters recorded every ``--record-every`` steps; the **split step** is the first record at which the
@@ -63,7 +67,7 @@ COLUMNS = ("factor", "S", "T", "gradient", "batch_size", "schedule_steps", "step
 def args_of():
     p = parser(__doc__, "examples_out/catformer_two_heads_phase_official",
                quick_help="S = 2, T = 6, 2 cells of each factor, 48 steps, batch 64")
-    p.add_argument("--factors", default="size,noise,schedule")
+    p.add_argument("--factors", default="size,noise,schedule,threshold")
     p.add_argument("--seeds", type=int, default=4)
     p.add_argument("--steps", type=int, default=8192)
     p.add_argument("--record-every", type=int, default=128)
@@ -78,9 +82,9 @@ def args_of():
     p.add_argument("--spectra-every", type=int, default=1024, help="steps between two spectra (default 1024)")
     a = p.parse_args()
     a.factors = [f.strip() for f in a.factors.split(",") if f.strip()]
-    bad = [f for f in a.factors if f not in ("size", "noise", "schedule")]
+    bad = [f for f in a.factors if f not in ("size", "noise", "schedule", "threshold")]
     if bad:
-        p.error(f"--factors {','.join(bad)}: use size, noise, schedule")
+        p.error(f"--factors {','.join(bad)}: use size, noise, schedule, threshold")
     if a.quick:
         a.steps, a.record_every, a.checkpoint_every, a.eval_n, a.seeds = 48, 8, 16, 256, 1
     return a
@@ -124,6 +128,10 @@ def cell_list(a):
         for T in (16, 32):
             for sched in (4096, 16384, 65536):
                 add("schedule", 5, T, sched=sched, steps=max(a.steps, 4096) if sched > 4096 else 4096)
+    if "threshold" in a.factors:  # where S = 3 starts to split, and the exact gradient at a size that enumerates
+        for T in (10, 12, 14):
+            add("threshold", 3, T)
+        add("threshold", 3, 10, gradient="exact")
     return out
 
 
@@ -203,9 +211,12 @@ def run_cell(a, c):
 
 def table(a):
     recs = []
+    factors = {cell_id(c): c["factor"] for c in cell_list(a)}  # the factors of today's list (a cell of several)
     for p in sorted(glob.glob(os.path.join(a.out, "cells", "*.json"))):
         with open(p) as fh:
-            recs.append(json.load(fh))
+            r = json.load(fh)
+        r["factor"] = factors.get(r["id"], r["factor"])
+        recs.append(r)
     from popgrad._io import atomic_path
 
     with atomic_path(os.path.join(a.out, "cells.csv")) as tmp:
@@ -216,23 +227,30 @@ def table(a):
                 w.writerow(["" if r.get(k) is None else r[k] for k in COLUMNS])
     if not recs:
         return recs
-    fig, axs = plt.subplots(1, 3, figsize=(13, 3.8))
-    for ax, factor in zip(axs, ("size", "noise", "schedule")):
+    fig, axs = plt.subplots(1, 4, figsize=(16, 3.8), gridspec_kw={"width_ratios": [4, 2, 2, 1.5]})
+    for ax, factor in zip(axs, ("size", "noise", "schedule", "threshold")):
         rs = [r for r in recs if factor in r["factor"].split("+")]
         keys = sorted({(r["S"], r["T"], r["gradient"], r["batch_size"] or 0, r["schedule_steps"], r["start"])
                        for r in rs})
         for j, key in enumerate(keys):
             cell = [r for r in rs if (r["S"], r["T"], r["gradient"], r["batch_size"] or 0, r["schedule_steps"],
                                       r["start"]) == key]
-            for r in cell:
+            for r in cell:  # the seeds side by side, so no mark hides another
                 y = r["split_step"] if r["split_step"] is not None else r["steps"] * 1.15
-                ax.plot(j, y, "o" if r["split_step"] is not None else "x",
+                ax.plot(j + 0.12 * (r["seed"] - 1.5), y, "o" if r["split_step"] is not None else "x",
                         color="tab:blue" if r["split_step"] is not None else "tab:red")
+            n_split = sum(r["split_step"] is not None for r in cell)
+            ax.text(j, 1.6e4, f"{n_split}/{len(cell)}", ha="center", fontsize=7)
+        ax.set_ylim(1e3, 2.2e4)
+        ax.set_xlim(-0.6, len(keys) - 0.4)
         ax.set_xticks(range(len(keys)))
         ax.set_xticklabels([f"S{k[0]} T{k[1]} {'ex' if k[2] == 'exact' else 'b' + str(k[3])} c{k[4]} {k[5][:3]}"
                             for k in keys], rotation=90, fontsize=6)
         ax.set_yscale("log")
-        ax.set_title(f"{factor}: split step (o), no split by the end (x)", fontsize=9)
+        ax.set_title(factor, fontsize=9)
+    axs[0].set_ylabel("split step")
+    fig.suptitle("The two heads: split step (o) or no split by the end (x), one mark per seed; splits/seeds above",
+                 fontsize=9)
     fig.tight_layout()
     save_figure(fig, os.path.join(a.out, "phase.png"))
     return recs
