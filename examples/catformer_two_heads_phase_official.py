@@ -102,7 +102,8 @@ def cell_list(a):
                      else None, schedule_steps=sched, steps=min(steps or a.steps, sched), seed=seed, start=start)
             k = cell_id(c)
             if k in seen:  # the official cell of one factor is a cell of another: run once, listed under both
-                seen[k]["factor"] += "+" + factor
+                if factor not in seen[k]["factor"].split("+"):
+                    seen[k]["factor"] += "+" + factor
                 continue
             seen[k] = c
             out.append(c)
