@@ -51,6 +51,7 @@ def _start_client(scheduler, workers, n_cells, worker_timeout, log):
 
     n = max(1, min(workers or os.cpu_count() or 1, n_cells))
     cluster = None
+    before = _spawned_children()
     try:
         with shield_children(), warnings.catch_warnings():  # a terminal Ctrl-C reaches this process only
             # Dask's warnings of an orderly shutdown (cancelled cells, a busy worker killed) are not the user's
@@ -70,7 +71,42 @@ def _start_client(scheduler, workers, n_cells, worker_timeout, log):
                 _close(cluster, timeout=CLOSE_TIMEOUT_INTERRUPTED)
             else:
                 cluster.close()
+        if isinstance(exc, (KeyboardInterrupt, Terminated)):
+            _kill_new_children(before)
         raise
+
+
+def _spawned_children() -> dict:
+    """``{pid: process}`` of this process's children started by multiprocessing's ``spawn`` (Dask's worker
+    processes; their command line runs ``spawn_main``), at any depth; ``{}`` where psutil cannot tell."""
+    try:
+        import psutil
+
+        kids = psutil.Process().children(recursive=True)
+    except Exception:  # psutil is a Dask dependency; without it (or without /proc) nothing is known
+        return {}
+    out = {}
+    for kid in kids:
+        try:
+            if any("spawn_main" in part for part in kid.cmdline()):
+                out[kid.pid] = kid
+        except Exception:  # gone meanwhile, or not ours to read
+            pass
+    return out
+
+
+def _kill_new_children(before: dict) -> None:
+    """SIGKILL the worker processes the cluster start spawned (children not in ``before``), after an interrupt
+    that came while ``LocalCluster`` started them: the cluster object does not exist yet to stop them, and a
+    child still reading its start-up data from the command, which now exits, would print an ``EOFError``
+    traceback on the command's stderr."""
+    for pid, kid in _spawned_children().items():
+        if pid in before:
+            continue
+        try:
+            kid.send_signal(signal.SIGKILL)
+        except Exception:  # already gone
+            pass
 
 
 #: Seconds Dask gets to close our client and cluster after an interrupt (the promise is an exit within 2 s).
